@@ -1,0 +1,51 @@
+"""The base class of every federation mechanism: a Lightning callback with round hooks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+
+if TYPE_CHECKING:  # imported for type hints only; the Federation imports callbacks, not the reverse
+    from fl_lightning.federation import ClientUpdate, Federation, ModelGroup
+    from fl_lightning.ops.state import StateDict
+
+
+class FederatedCallback(L.Callback):
+    """A Lightning callback that also takes part in the federated round.
+
+    The Federation calls the round hooks below in this order each round; the usual Lightning hooks
+    (``on_train_start``, ``on_before_optimizer_step``, …) run inside each client's local fit as
+    for any callback. Callbacks must not depend on each other's order.
+
+    ``on_round_start`` → per client: ``on_client_start`` → local fit → ``on_client_end`` →
+    per group: ``on_aggregate`` → evaluation → ``on_round_end``.
+
+    State that must survive a checkpoint goes in ``state_dict`` (plain tensors, numbers, strings,
+    dicts and lists), keyed by client id where it is per client.
+    """
+
+    def private_keys(self, module: L.LightningModule) -> set[str]:
+        """State-dict keys of ``module`` that stay on each client and are never averaged."""
+        return set()
+
+    def on_federation_start(self, federation: Federation) -> None:
+        """Once, before the first round (and again after a resume); check preconditions here."""
+
+    def on_round_start(self, federation: Federation, round_idx: int, selected: list[str]) -> None:
+        """Before any client of round ``round_idx`` trains."""
+
+    def on_client_start(self, federation: Federation, client_id: str, module: L.LightningModule) -> None:
+        """After the client's weights are loaded into ``module``, before its local fit."""
+
+    def on_client_end(
+        self, federation: Federation, client_id: str, module: L.LightningModule, update: ClientUpdate
+    ) -> None:
+        """After the local fit; ``update`` is what the client uploads and may be changed in place."""
+
+    def on_aggregate(self, federation: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
+        """Server side: return the group's new global state given the previous one and the average."""
+        return averaged
+
+    def on_round_end(self, federation: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
+        """After aggregation and evaluation of round ``round_idx``."""

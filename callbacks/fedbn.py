@@ -1,0 +1,51 @@
+"""FedBN: normalisation layers stay local to each client."""
+
+from __future__ import annotations
+
+import lightning as L
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+from typing_extensions import override
+
+from callbacks.base import FederatedCallback
+
+NORM_TYPES: tuple[type[nn.Module], ...] = (_BatchNorm, _InstanceNorm, nn.GroupNorm)
+
+
+def norm_state_keys(module: nn.Module, norm_types: tuple[type[nn.Module], ...] = NORM_TYPES) -> set[str]:
+    """State-dict keys (affine parameters and running statistics) of every normalisation layer.
+
+    Layers are found by module type, never by attribute name, so a norm layer called ``foo``
+    is found and a linear layer called ``bn`` is not.
+
+    Args:
+        module: The model.
+        norm_types: Module classes that count as normalisation layers.
+    """
+    keys: set[str] = set()
+    for name, sub in module.named_modules():
+        if isinstance(sub, norm_types):
+            prefix = f"{name}." if name else ""
+            keys.update(prefix + k for k in sub.state_dict())
+    return keys
+
+
+class FedBN(FederatedCallback):
+    """Averages everything except normalisation layers, which each client keeps and is evaluated with.
+
+    The global model's own norm layers (used only to evaluate the "global" model and to
+    initialise a client that has not trained yet) are the sample-weighted mean of the clients'.
+
+    Args:
+        include_layer_norm: Also keep ``nn.LayerNorm`` layers local (not part of FedBN's paper).
+    """
+
+    def __init__(self, include_layer_norm: bool = False) -> None:
+        super().__init__()
+        self.include_layer_norm = include_layer_norm
+
+    @override
+    def private_keys(self, module: L.LightningModule) -> set[str]:
+        types = NORM_TYPES + ((nn.LayerNorm,) if self.include_layer_norm else ())
+        return norm_state_keys(module, types)

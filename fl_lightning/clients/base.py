@@ -1,0 +1,63 @@
+"""The contract every client LightningModule fulfils for the Federation."""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+
+class ClientModule(L.LightningModule):
+    """Base class of client modules.
+
+    The Federation keeps ONE instance of the client module and loads a client's weights into it
+    before each local fit, so a subclass must keep all learnable state in parameters and buffers
+    (anything else would leak between clients).
+
+    Subclasses implement ``training_loss`` and ``evaluate``; ``training_step`` here records the
+    mean training loss of the fit without a device sync per step.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loss_sum: Tensor | None = None
+        self._loss_count = 0
+
+    @abstractmethod
+    def training_loss(self, batch: Any) -> Tensor:
+        """The scalar loss of one training batch."""
+
+    @abstractmethod
+    def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
+        """Metrics of the current weights over ``batches`` (eval mode, no gradients)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """One local step; the loss is logged as ``train/loss`` and accumulated for the round report."""
+        loss = self.training_loss(batch)
+        detached = loss.detach()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        self._loss_count += 1
+        self.log("train/loss", detached, prog_bar=True, batch_size=_batch_size(batch))
+        return loss
+
+    def on_fit_start(self) -> None:
+        """Reset the per-fit loss accumulator (one fit = one client's local training)."""
+        self._loss_sum, self._loss_count = None, 0
+
+    def fit_report(self) -> dict[str, float]:
+        """Mean training loss and number of steps of the last fit (``nan`` loss if no step ran)."""
+        if self._loss_sum is None:
+            return {"train_loss": math.nan, "train_steps": 0}
+        return {"train_loss": float(self._loss_sum) / self._loss_count, "train_steps": self._loss_count}
+
+
+def _batch_size(batch: Any) -> int | None:
+    """Size of a (x, y, ...) batch, so Lightning need not guess it."""
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Tensor):
+        return int(batch[0].shape[0])
+    return None

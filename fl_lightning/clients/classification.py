@@ -1,0 +1,90 @@
+"""Image classification client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fl_lightning.clients.base import ClientModule
+from fl_lightning.metrics import classification_metrics
+from fl_lightning.models import build_classifier
+from fl_lightning.models.cnn import NormKind
+
+
+class ClassificationClient(ClientModule):
+    """A client that trains an image classifier with cross-entropy.
+
+    Args:
+        num_classes: Output classes (linked from the data; not set by hand in configs).
+        in_channels: Image channels (linked from the data).
+        image_size: Input (height, width) (linked from the data).
+        arch: Network: ``cnn`` (two conv blocks, the default) or ``mlp``.
+        width: Channels of the CNN's first block or hidden units of the MLP.
+        norm: Normalisation layers of the CNN: ``batch``, ``instance``, ``group`` or ``none``.
+        optimizer: Local optimiser: ``sgd``, ``adam`` or ``adamw``.
+        lr: Local learning rate η.
+        momentum: SGD momentum (ignored by Adam).
+        weight_decay: L2 weight decay of the local optimiser.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        image_size: tuple[int, int] = (16, 16),
+        arch: Literal["cnn", "mlp"] = "cnn",
+        width: int = 32,
+        norm: NormKind = "batch",
+        optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+        lr: float = 0.05,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"model.lr must be positive, got {lr}")
+        self.save_hyperparameters()
+        self.net = build_classifier(arch, in_channels, num_classes, tuple(image_size), width=width, norm=norm)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits, shape (N, num_classes)."""
+        return self.net(x)
+
+    def training_loss(self, batch: Any) -> Tensor:
+        """Cross-entropy of the batch ``(x, y)``."""
+        x, y = batch[0], batch[1]
+        return F.cross_entropy(self(x), y)
+
+    @torch.inference_mode()
+    def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
+        """Loss, accuracy, balanced accuracy and macro-F1 over all ``batches``.
+
+        Metrics are computed once over the concatenated predictions (not averaged over batches),
+        so they are exact whatever the batch size.
+        """
+        was_training = self.training
+        self.eval()
+        logits, targets = [], []
+        for batch in batches:
+            x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+            logits.append(self(x).float())
+            targets.append(y)
+        self.train(was_training)
+        if not logits:
+            return {}
+        return classification_metrics(torch.cat(logits), torch.cat(targets), self.hparams.num_classes)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """A fresh local optimiser for each client fit (FedAvg's usual choice)."""
+        hp = self.hparams
+        if hp.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        if hp.optimizer == "adam":
+            return torch.optim.Adam(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        if hp.optimizer == "adamw":
+            return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        raise ValueError(f"model.optimizer must be sgd, adam or adamw, got {hp.optimizer!r}")

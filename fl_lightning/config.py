@@ -1,0 +1,61 @@
+"""The ``federation:`` section of a config: everything about rounds that is not model, data or Trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class FederationConfig:
+    """Settings of the federated rounds.
+
+    Args:
+        rounds: Number of communication rounds.
+        local_epochs: Local epochs per selected client per round (ignored when ``local_steps`` is set).
+        local_steps: Local optimiser steps per selected client per round instead of epochs (each
+            client draws exactly this many batches, cycling through its data).
+        client_fraction: Fraction of clients sampled each round (at least one); 1.0 = all.
+        clients_per_round: Number of clients sampled each round; overrides ``client_fraction``.
+        aggregation: Aggregation weights: ``samples`` (n_i / n, FedAvg) or ``uniform``.
+        mode: ``federated`` (the callbacks' method, FedAvg by default), ``local`` (every client
+            trains alone, no communication) or ``centralized`` (all training data pooled in one model).
+        topology: ``star`` (a server aggregates) or ``peer_to_peer`` (no server: each node passes
+            its model to a random successor every round).
+        keep_optimizer_state: Keep each client's optimiser state (e.g. momentum) across rounds
+            instead of a fresh optimiser per fit. Always on in ``local`` and ``centralized`` mode.
+        eval_every: Evaluate every this many rounds (0 = only after the last round).
+        output_dir: Parent directory of run directories.
+        run_name: Name of this run's directory (default: a timestamp and the mode).
+        progress: Show the Rich progress bar and per-round lines.
+    """
+
+    rounds: int = 10
+    local_epochs: int = 1
+    local_steps: int | None = None
+    client_fraction: float = 1.0
+    clients_per_round: int | None = None
+    aggregation: Literal["samples", "uniform"] = "samples"
+    mode: Literal["federated", "local", "centralized"] = "federated"
+    topology: Literal["star", "peer_to_peer"] = "star"
+    keep_optimizer_state: bool = False
+    eval_every: int = 1
+    output_dir: str = "runs"
+    run_name: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        checks = {
+            "rounds": self.rounds >= 1,
+            "local_epochs": self.local_epochs >= 1,
+            "local_steps": self.local_steps is None or self.local_steps >= 1,
+            "client_fraction": 0 < self.client_fraction <= 1,
+            "clients_per_round": self.clients_per_round is None or self.clients_per_round >= 1,
+            "eval_every": self.eval_every >= 0,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            values = ", ".join(f"federation.{k}={getattr(self, k)!r}" for k in bad)
+            raise ValueError(f"invalid federation settings: {values}")
+        if self.topology == "peer_to_peer" and self.mode != "federated":
+            raise ValueError(f"federation.topology=peer_to_peer needs federation.mode=federated, got {self.mode!r}")

@@ -1,0 +1,113 @@
+"""One client's local training on the shared Trainer: the step a distributed backend would replace."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+# Clients feed in-memory tensors; worker processes would cost more than they save.
+warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+# Emitted by Lightning 2.6 itself on every fit with torch 2.14; nothing a user can act on.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+
+class _FitProbe(L.Callback):
+    """Counts training batches and carries optimiser state across fits when asked to."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.pending_optimizer_state: dict[str, Any] | None = None
+        self.capture_optimizer_state = False
+        self.captured_optimizer_state: dict[str, Any] | None = None
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pending_optimizer_state is not None:
+            trainer.optimizers[0].load_state_dict(self.pending_optimizer_state)
+            self.pending_optimizer_state = None
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.batches += 1
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.capture_optimizer_state:
+            # deep copy: the live optimiser's buffers are overwritten by the next client's fit
+            self.captured_optimizer_state = copy.deepcopy(trainer.optimizers[0].state_dict())
+
+
+class LocalFitter:
+    """Runs ``trainer.fit`` for one client at a time on ONE Trainer.
+
+    Lightning's fit loop stops once ``current_epoch`` reaches ``max_epochs``, so a second
+    ``fit`` would silently do nothing; before each fit the budget is raised by the client's local
+    epochs, and after it the number of batches actually run is checked.
+
+    Args:
+        trainer: The shared Trainer.
+
+    Raises:
+        ValueError: If the Trainer carries callbacks whose state would leak between clients.
+    """
+
+    def __init__(self, trainer: L.Trainer) -> None:
+        leaky = [type(cb).__name__ for cb in trainer.callbacks if isinstance(cb, (EarlyStopping, ModelCheckpoint))]
+        if leaky:
+            raise ValueError(
+                f"trainer.callbacks holds {leaky}: their state would carry over from one client to the next. "
+                "Remove them (set trainer.enable_checkpointing=false); the Federation checkpoints rounds itself."
+            )
+        self.trainer = trainer
+        self.probe = _FitProbe()
+        trainer.callbacks.append(self.probe)
+
+    def fit(
+        self,
+        module: L.LightningModule,
+        loader: DataLoader,
+        epochs: int,
+        client_id: str,
+        optimizer_state: dict[str, Any] | None = None,
+        keep_optimizer_state: bool = False,
+    ) -> tuple[int, dict[str, Any] | None]:
+        """Train ``module`` for ``epochs`` passes over ``loader``.
+
+        Args:
+            module: The client module, already holding the client's starting weights.
+            loader: The client's training loader.
+            epochs: Local epochs.
+            client_id: For error messages.
+            optimizer_state: Optimiser state to restore before the first step (from the client's last fit).
+            keep_optimizer_state: Return the optimiser state after training.
+
+        Returns:
+            The number of training batches run, and the optimiser state if asked for.
+
+        Raises:
+            RuntimeError: If the fit ran no batch at all.
+        """
+        trainer, probe = self.trainer, self.probe
+        trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
+        trainer.should_stop = False
+        probe.pending_optimizer_state = optimizer_state
+        probe.capture_optimizer_state = keep_optimizer_state
+        probe.captured_optimizer_state = None
+        before = probe.batches
+        trainer.fit(module, train_dataloaders=loader)
+        ran = probe.batches - before
+        if ran == 0:
+            raise RuntimeError(
+                f"the local fit of client {client_id!r} ran no training batch (its loader is empty or the "
+                f"Trainer's limits, e.g. trainer.limit_train_batches, stopped it)"
+            )
+        expected = epochs * len(loader)
+        if ran != expected and trainer.limit_train_batches == 1.0:
+            warnings.warn(f"client {client_id!r} ran {ran} batches, expected {expected}", stacklevel=2)
+        return ran, probe.captured_optimizer_state
