@@ -43,7 +43,9 @@ class FederatedCallback(L.Callback):
     ) -> None:
         """After the local fit; ``update`` is what the client uploads and may be changed in place."""
 
-    def on_aggregate(self, federation: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
+    def on_aggregate(
+        self, federation: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+    ) -> StateDict:
         """Server side: return the group's new global state given the previous one and the average."""
         return averaged
 

@@ -22,6 +22,7 @@ def norm_state_keys(module: nn.Module, norm_types: tuple[type[nn.Module], ...] =
     Args:
         module: The model.
         norm_types: Module classes that count as normalisation layers.
+
     """
     keys: set[str] = set()
     for name, sub in module.named_modules():
@@ -39,6 +40,7 @@ class FedBN(FederatedCallback):
 
     Args:
         include_layer_norm: Also keep ``nn.LayerNorm`` layers local (not part of FedBN's paper).
+
     """
 
     def __init__(self, include_layer_norm: bool = False) -> None:

@@ -19,6 +19,7 @@ class FedProx(FederatedCallback):
 
     Args:
         mu: Proximal coefficient μ ≥ 0; μ = 0 is FedAvg.
+
     """
 
     def __init__(self, mu: float = 0.01) -> None:

@@ -63,6 +63,7 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
 
     Returns:
         The final summary (also written to ``summary.json`` in the run directory).
+
     """
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     cli = build_cli(args)

@@ -28,6 +28,7 @@ class FederationConfig:
         output_dir: Parent directory of run directories.
         run_name: Name of this run's directory (default: a timestamp and the mode).
         progress: Show the Rich progress bar and per-round lines.
+
     """
 
     rounds: int = 10

@@ -20,6 +20,7 @@ def summarise(per_client: Mapping[str, Mapping[str, float]]) -> dict[str, dict[s
     Returns:
         ``{metric: {"mean": …, "std": …, "worst": …, "worst_client": …}}``; ``worst_client`` is
         the id of the worst client, stored as a string.
+
     """
     names = sorted({m for metrics in per_client.values() for m in metrics})
     out: dict[str, dict[str, float]] = {}
@@ -30,5 +31,10 @@ def summarise(per_client: Mapping[str, Mapping[str, float]]) -> dict[str, dict[s
         values = np.array([v for _, v in items], dtype=np.float64)
         pick = max if name in LOWER_IS_BETTER else min
         worst_cid, worst = pick(items, key=lambda kv: kv[1])
-        out[name] = {"mean": float(values.mean()), "std": float(values.std()), "worst": float(worst), "worst_client": worst_cid}
+        out[name] = {
+            "mean": float(values.mean()),
+            "std": float(values.std()),
+            "worst": float(worst),
+            "worst_client": worst_cid,
+        }
     return out

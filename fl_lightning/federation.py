@@ -37,6 +37,7 @@ class Federation:
         seed: Seed of client sampling and peer-to-peer order (the run's ``seed_everything``).
         config_text: Resolved config to save in the run directory.
         reporter: Terminal output (default: Rich, enabled by ``config.progress``).
+
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class Federation:
 
         Returns:
             The summary that is also written to ``summary.json``.
+
         """
         self.setup()
         cfg = self.config
@@ -150,7 +152,11 @@ class Federation:
                     failed.append(cid)
                     continue
                 samples += update.num_steps * self.data.batch_size
-                client_rows[cid] = {"train_samples": update.num_samples, "train_steps": update.num_steps, **update.metrics}
+                client_rows[cid] = {
+                    "train_samples": update.num_samples,
+                    "train_steps": update.num_steps,
+                    **update.metrics,
+                }
                 t0 = time.perf_counter()
                 mean.add(update.state, update.weight)
                 t_agg += time.perf_counter() - t0
@@ -169,8 +175,12 @@ class Federation:
         t_eval = time.perf_counter() - t0
         # --- record
         round_row = {
-            "round": r + 1, "selected": len(selected), "round/failed_clients": len(failed),
-            "time/train": t_train, "time/aggregate": t_agg, "time/eval": t_eval,
+            "round": r + 1,
+            "selected": len(selected),
+            "round/failed_clients": len(failed),
+            "time/train": t_train,
+            "time/aggregate": t_agg,
+            "time/eval": t_eval,
             "time/round": time.perf_counter() - t_round,
             "throughput/samples_per_s": samples / t_train if t_train else 0.0,
         }
@@ -212,8 +222,12 @@ class Federation:
             loader = self.data.client_train_loader(client_id, steps=steps)
         try:
             num_steps, opt_state = self.fitter.fit(
-                module, loader, 1 if steps else cfg.local_epochs, client_id,
-                optimizer_state=self.optimizer_states.get(key), keep_optimizer_state=self.keep_optimizer_state,
+                module,
+                loader,
+                1 if steps else cfg.local_epochs,
+                client_id,
+                optimizer_state=self.optimizer_states.get(key),
+                keep_optimizer_state=self.keep_optimizer_state,
             )
         except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
             warnings.warn(f"client {client_id!r} failed and is left out of this round: {err!r}", stacklevel=2)
@@ -221,15 +235,22 @@ class Federation:
         report = module.fit_report()
         state = clone_state(module.state_dict())
         if not math.isfinite(report["train_loss"]) or not _all_finite(state):
-            warnings.warn(f"client {client_id!r} produced a non-finite loss or weights; left out of this round", stacklevel=2)
+            warnings.warn(
+                f"client {client_id!r} produced a non-finite loss or weights; left out of this round", stacklevel=2
+            )
             return None
         if self.private_keys:
             self.private[key] = select_keys(state, self.private_keys)
         if opt_state is not None:
             self.optimizer_states[key] = opt_state
         update = ClientUpdate(
-            client_id=client_id, group=group.name, state=state, num_samples=self.num_samples(client_id),
-            weight=weight, num_steps=num_steps, metrics={"train_loss": report["train_loss"]},
+            client_id=client_id,
+            group=group.name,
+            state=state,
+            num_samples=self.num_samples(client_id),
+            weight=weight,
+            num_steps=num_steps,
+            metrics={"train_loss": report["train_loss"]},
         )
         for cb in self.callbacks:
             cb.on_client_end(self, client_id, module, update)
@@ -239,7 +260,9 @@ class Federation:
         """Server step of one group: the weighted mean of the uploads, then the callbacks' server logic."""
         averaged = mean.result()
         if abs(mean.total_weight - 1.0) > 1e-9:  # clients dropped out (or a callback re-weighted): renormalise
-            averaged = {k: (v / mean.total_weight).to(v.dtype) if v.is_floating_point() else v for k, v in averaged.items()}
+            averaged = {
+                k: (v / mean.total_weight).to(v.dtype) if v.is_floating_point() else v for k, v in averaged.items()
+            }
         for cb in self.callbacks:
             averaged = cb.on_aggregate(self, group, group.state, averaged)
         group.state = averaged
@@ -292,9 +315,13 @@ class Federation:
             for cid in self.data.client_ids
         }
         out = {
-            "run_dir": str(self.run_dir.path), "mode": self.config.mode, "topology": self.config.topology,
-            "rounds": self.round, "methods": [type(cb).__name__ for cb in self.callbacks] or ["FedAvg"],
-            "clients": clients, "summary": evaluation["summary"],
+            "run_dir": str(self.run_dir.path),
+            "mode": self.config.mode,
+            "topology": self.config.topology,
+            "rounds": self.round,
+            "methods": [type(cb).__name__ for cb in self.callbacks] or ["FedAvg"],
+            "clients": clients,
+            "summary": evaluation["summary"],
         }
         if "pooled" in evaluation:
             out["pooled"] = evaluation["pooled"]
@@ -302,12 +329,21 @@ class Federation:
         return out
 
     def _client_rows(
-        self, r: int, selected: list[str], failed: list[str], trained: dict[str, dict[str, Any]], evaluation: dict[str, Any]
+        self,
+        r: int,
+        selected: list[str],
+        failed: list[str],
+        trained: dict[str, dict[str, Any]],
+        evaluation: dict[str, Any],
     ) -> list[dict[str, Any]]:
         rows = []
         for cid in self.data.client_ids:
-            row: dict[str, Any] = {"round": r + 1, "client": cid, "selected": int(cid in selected or POOLED in selected),
-                                   "failed": int(cid in failed)}
+            row: dict[str, Any] = {
+                "round": r + 1,
+                "client": cid,
+                "selected": int(cid in selected or POOLED in selected),
+                "failed": int(cid in failed),
+            }
             row.update(trained.get(cid, {}))
             for model, per_client in evaluation.get("clients", {}).items():
                 row.update({f"{model}/{k}": v for k, v in per_client.get(cid, {}).items()})
@@ -319,11 +355,14 @@ def _all_finite(state: StateDict) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
 
 
-def _round_line(r: int, rounds: int, trained: dict[str, dict[str, Any]], evaluation: dict[str, Any], seconds: float) -> str:
+def _round_line(
+    r: int, rounds: int, trained: dict[str, dict[str, Any]], evaluation: dict[str, Any], seconds: float
+) -> str:
     losses = [m["train_loss"] for m in trained.values()]
     parts = [f"round {r + 1}/{rounds}", f"train loss {sum(losses) / max(len(losses), 1):.4f}"]
     for model, stats in evaluation.get("summary", {}).items():
         if "acc" in stats:
-            parts.append(f"{model} acc {stats['acc']['mean']:.4f} ± {stats['acc']['std']:.4f} (worst {stats['acc']['worst']:.4f})")
+            acc = stats["acc"]
+            parts.append(f"{model} acc {acc['mean']:.4f} ± {acc['std']:.4f} (worst {acc['worst']:.4f})")
     parts.append(f"{seconds:.1f}s")
     return " │ ".join(parts)

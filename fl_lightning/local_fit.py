@@ -55,6 +55,7 @@ class LocalFitter:
 
     Raises:
         ValueError: If the Trainer carries callbacks whose state would leak between clients.
+
     """
 
     def __init__(self, trainer: L.Trainer) -> None:
@@ -92,6 +93,7 @@ class LocalFitter:
 
         Raises:
             RuntimeError: If the fit ran no batch at all.
+
         """
         trainer, probe = self.trainer, self.probe
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs

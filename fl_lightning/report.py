@@ -15,6 +15,7 @@ class RoundReporter:
     Args:
         enabled: When false nothing is printed (tests, sweeps).
         console: Where to print (default: a new Rich console on stdout).
+
     """
 
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
@@ -28,8 +29,12 @@ class RoundReporter:
             return
         self.console.print(f"[bold]run directory:[/bold] {run_dir}")
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=self.console, transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
         )
         self._progress.start()
         self._rounds = self._progress.add_task("rounds", total=rounds, completed=first_round)

@@ -47,6 +47,7 @@ class RunDirectory:
         run_name: Directory name; default ``<YYYYmmdd-HHMMSS>-<suffix>``, with ``-2``, ``-3``… appended
             when it exists already, so a run never overwrites another.
         suffix: Appended to the generated name.
+
     """
 
     def __init__(self, output_dir: str | Path, run_name: str | None = None, suffix: str = "run") -> None:

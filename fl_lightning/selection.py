@@ -10,6 +10,7 @@ def num_selected(num_clients: int, fraction: float, count: int | None) -> int:
 
     Raises:
         ValueError: If ``count`` exceeds the number of clients.
+
     """
     if count is not None:
         if count > num_clients:

@@ -19,6 +19,7 @@ class ModelGroup:
         name: Group name, used in metric keys and checkpoints.
         state: The group's global state dict (CPU tensors).
         members: Ids of the clients that train this group's model.
+
     """
 
     name: str
@@ -39,6 +40,7 @@ class ClientUpdate:
         num_steps: Optimiser steps taken (τ_i).
         metrics: Training metrics of the fit (``train_loss``, …).
         extras: Method-specific uploads (e.g. SCAFFOLD's control variate delta).
+
     """
 
     client_id: str

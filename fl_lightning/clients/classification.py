@@ -29,6 +29,7 @@ class ClassificationClient(ClientModule):
         lr: Local learning rate η.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 weight decay of the local optimiser.
+
     """
 
     def __init__(

@@ -35,6 +35,7 @@ class SmallCNN(nn.Module):
         width: Channels of the first block (the second has twice as many).
         norm: Normalisation after each convolution.
         hidden: Size of the representation (the hidden linear layer).
+
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class MLP(nn.Module):
         in_features: Flattened input size C·H·W.
         num_classes: Output classes.
         hidden: Hidden units.
+
     """
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 64) -> None:

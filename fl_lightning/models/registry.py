@@ -29,6 +29,7 @@ def build_classifier(
 
     Raises:
         ValueError: On an unknown architecture name.
+
     """
     if arch == "cnn":
         return SmallCNN(in_channels, num_classes, image_size, width=width, norm=norm)

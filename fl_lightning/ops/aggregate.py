@@ -25,6 +25,7 @@ def aggregation_weights(num_samples: Sequence[int], scheme: WeightScheme = "samp
 
     Raises:
         ValueError: On an unknown scheme, an empty list, or a zero total.
+
     """
     if scheme not in ("samples", "uniform"):
         raise ValueError(f"aggregation weights must be 'samples' or 'uniform', got {scheme!r}")
@@ -49,6 +50,7 @@ def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[f
 
     Returns:
         The averaged state.
+
     """
     mean = RunningWeightedMean()
     for state, weight in zip(states, weights, strict=True):
@@ -73,6 +75,7 @@ class RunningWeightedMean:
 
         Raises:
             KeyError: If the keys differ from the first state added (names the differing keys).
+
         """
         if self.count and set(state) != set(self._sum):
             diff = sorted(set(state) ^ set(self._sum))
@@ -94,6 +97,7 @@ class RunningWeightedMean:
 
         Raises:
             ValueError: If nothing was added.
+
         """
         if not self.count:
             raise ValueError("no client state was added to the aggregate")

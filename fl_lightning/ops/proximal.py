@@ -19,6 +19,7 @@ def add_proximal_gradient(params: Sequence[Tensor], anchors: Sequence[Tensor], m
         params: The client's trainable parameters.
         anchors: The global weights received at the start of the round, same order and shapes.
         mu: Proximal coefficient μ ≥ 0.
+
     """
     if mu == 0:
         return

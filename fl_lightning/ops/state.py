@@ -22,6 +22,7 @@ def clone_state(state: Mapping[str, Tensor], device: torch.device | str = "cpu")
 
     Returns:
         A new dict with independent tensors.
+
     """
     return {k: v.detach().to(device, copy=True) for k, v in state.items()}
 

@@ -1,0 +1,39 @@
+"""Federated datamodules: per-client data, seeded partitioners, per-site imaging styles and samplers."""
+
+from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.digits import DigitsFederated
+from datamodules.image_folder import ImageFolderFederated
+from datamodules.medmnist import MedMNISTFederated
+from datamodules.partition import (
+    PARTITION_SCHEMES,
+    partition,
+    partition_by_domain,
+    partition_dirichlet,
+    partition_dirichlet_domains,
+    partition_iid,
+    partition_pathological,
+)
+from datamodules.sampler import SeededEpochSampler, stable_seed
+from datamodules.shifts import SiteStyle, apply_style, default_site_styles
+from datamodules.split import split_train_test
+
+__all__ = [
+    "PARTITION_SCHEMES",
+    "ClientSplit",
+    "DigitsFederated",
+    "FederatedDataModule",
+    "ImageFolderFederated",
+    "MedMNISTFederated",
+    "SeededEpochSampler",
+    "SiteStyle",
+    "apply_style",
+    "default_site_styles",
+    "partition",
+    "partition_by_domain",
+    "partition_dirichlet",
+    "partition_dirichlet_domains",
+    "partition_iid",
+    "partition_pathological",
+    "split_train_test",
+    "stable_seed",
+]

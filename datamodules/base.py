@@ -1,0 +1,384 @@
+"""The federated datamodule base: per-client tensors in memory, per-client seeded loaders."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from datamodules.sampler import SeededEpochSampler, stable_seed
+from datamodules.split import check_labels
+
+POOLED_KEY = "__pooled__"
+
+
+@dataclass
+class ClientSplit:
+    """One client's data, already partitioned, styled and split.
+
+    Attributes:
+        client_id: The client's id (e.g. ``"site0"``).
+        train_x: Training images, float32 (N, C, H, W) in [0, 1].
+        train_y: Training labels, int64 (N,).
+        test_x: Test images, float32 (M, C, H, W) in [0, 1].
+        test_y: Test labels, int64 (M,).
+        train_domain: Optional domain (site style) id per training sample, int64 (N,).
+        test_domain: Optional domain (site style) id per test sample, int64 (M,).
+
+    """
+
+    client_id: str
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    train_domain: Tensor | None = None
+    test_domain: Tensor | None = None
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """Abstract base of the federated datamodules: gives per-client and pooled loaders over cached tensors.
+
+    Subclasses implement :meth:`_load`, which is called once, lazily (by the first property or loader access, or
+    by :meth:`setup`), and returns every client's :class:`ClientSplit`. Data never changes afterwards, so a client's
+    data is identical across rounds.
+
+    Training loaders shuffle with one persistent :class:`SeededEpochSampler` per client, seeded with
+    ``stable_seed(seed, client_id)``: a client's batches depend only on the seed, the client and how many times its
+    loader has been iterated, never on other clients or on the shared Trainer's epoch.
+
+    Args:
+        batch_size: Training batch size.
+        eval_batch_size: Batch size of the test loaders.
+        test_fraction: Fraction of each client's samples held out as its test set, in [0, 1).
+        seed: Seed for partitioning, styling, splitting and shuffling.
+
+    Raises:
+        ValueError: If a batch size is not positive or ``test_fraction`` is outside [0, 1).
+
+    """
+
+    def __init__(
+        self, *, batch_size: int = 32, eval_batch_size: int = 256, test_fraction: float = 0.2, seed: int = 0
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        if not 0.0 <= test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.test_fraction = test_fraction
+        self.seed = seed
+        # Subclasses set these before the first load: a declared class count (None = infer) and a source name
+        # (file, directory or "digits") used in error messages.
+        self._declared_num_classes: int | None = None
+        self._source: str = type(self).__name__
+        self._splits: dict[str, ClientSplit] | None = None
+        self._num_classes: int = 0
+        self._samplers: dict[str, SeededEpochSampler] = {}
+        self._pooled: tuple[Tensor, Tensor] | None = None
+
+    # ----------------------------------------------------------------------------------------------- loading
+
+    @abstractmethod
+    def _load(self) -> list[ClientSplit]:
+        """Builds every client's data. Called once; the result is validated and cached.
+
+        Returns:
+            One :class:`ClientSplit` per client, in client order.
+
+        """
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        """Loads the data (once). Nothing is downloaded.
+
+        Args:
+            stage: Lightning stage; ignored, all clients' data serves every stage.
+
+        """
+        self._ensure_loaded()
+
+    def _ensure_loaded(self) -> dict[str, ClientSplit]:
+        if self._splits is None:
+            splits = self._load()
+            self._num_classes = self._validate(splits)
+            self._samplers = {
+                s.client_id: SeededEpochSampler(len(s.train_y), stable_seed(self.seed, s.client_id)) for s in splits
+            }
+            total = sum(len(s.train_y) for s in splits)
+            self._samplers[POOLED_KEY] = SeededEpochSampler(total, stable_seed(self.seed, POOLED_KEY))
+            self._splits = {s.client_id: s for s in splits}
+        return self._splits
+
+    def _validate(self, splits: list[ClientSplit]) -> int:
+        """Checks the loaded splits and returns the number of classes."""
+        if not splits:
+            raise ValueError(f"{self._source}: no clients were loaded")
+        ids = [s.client_id for s in splits]
+        if len(set(ids)) != len(ids) or POOLED_KEY in ids:
+            raise ValueError(f"{self._source}: client ids must be unique and not {POOLED_KEY!r}, got {ids}")
+        shape = tuple(splits[0].train_x.shape[1:])
+        for s in splits:
+            if len(s.train_y) == 0:
+                raise ValueError(f"client {s.client_id!r} has no training samples ({self._source})")
+            for name, x, y, dom in (
+                ("train", s.train_x, s.train_y, s.train_domain),
+                ("test", s.test_x, s.test_y, s.test_domain),
+            ):
+                if x.dtype != torch.float32 or x.ndim != 4 or tuple(x.shape[1:]) != shape:
+                    raise ValueError(
+                        f"client {s.client_id!r} {name} images must be float32 (N, {', '.join(map(str, shape))}), "
+                        f"got {x.dtype} {tuple(x.shape)} ({self._source})"
+                    )
+                if y.dtype != torch.int64 or y.shape != (len(x),):
+                    raise ValueError(
+                        f"client {s.client_id!r} {name} labels must be int64 ({len(x)},), got {y.dtype} "
+                        f"{tuple(y.shape)} ({self._source})"
+                    )
+                if dom is not None and dom.shape != y.shape:
+                    raise ValueError(f"client {s.client_id!r} {name} domains do not match its labels' shape")
+                if x.numel() and (x.min() < 0 or x.max() > 1):
+                    raise ValueError(f"client {s.client_id!r} {name} images are outside [0, 1] ({self._source})")
+        if self._declared_num_classes is not None:
+            num_classes = self._declared_num_classes
+        else:
+            num_classes = 1 + max(int(torch.cat([s.train_y, s.test_y]).max()) for s in splits)
+        for s in splits:
+            check_labels(s.train_y, num_classes, s.client_id, self._source)
+            check_labels(s.test_y, num_classes, s.client_id, self._source)
+        return num_classes
+
+    # -------------------------------------------------------------------------------------------- properties
+
+    @property
+    def client_ids(self) -> list[str]:
+        """Client ids in client order."""
+        return list(self._ensure_loaded())
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (declared by the subclass, else max label + 1 over all clients)."""
+        self._ensure_loaded()
+        return self._num_classes
+
+    @property
+    def in_channels(self) -> int:
+        """Image channels."""
+        return int(self._first().train_x.shape[1])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """Image (height, width)."""
+        x = self._first().train_x
+        return int(x.shape[2]), int(x.shape[3])
+
+    def _first(self) -> ClientSplit:
+        return next(iter(self._ensure_loaded().values()))
+
+    def client_data(self, client_id: str) -> ClientSplit:
+        """Returns a client's cached tensors (do not modify them in place).
+
+        Args:
+            client_id: The client's id.
+
+        Returns:
+            The client's :class:`ClientSplit`.
+
+        Raises:
+            KeyError: If the client id is unknown (listing the valid ids).
+
+        """
+        splits = self._ensure_loaded()
+        if client_id not in splits:
+            raise KeyError(f"unknown client id {client_id!r}; valid ids: {', '.join(splits)}")
+        return splits[client_id]
+
+    def num_train_samples(self, client_id: str) -> int:
+        """Number of training samples of a client (its FedAvg weight).
+
+        Args:
+            client_id: The client's id.
+
+        Returns:
+            The count.
+
+        """
+        return len(self.client_data(client_id).train_y)
+
+    def num_test_samples(self, client_id: str) -> int:
+        """Number of test samples of a client.
+
+        Args:
+            client_id: The client's id.
+
+        Returns:
+            The count.
+
+        """
+        return len(self.client_data(client_id).test_y)
+
+    def label_counts(self, client_id: str, split: str = "train") -> Tensor:
+        """Per-class sample counts of a client.
+
+        Args:
+            client_id: The client's id.
+            split: ``"train"`` or ``"test"``.
+
+        Returns:
+            An int64 tensor of shape (num_classes,).
+
+        Raises:
+            ValueError: If ``split`` is not ``"train"`` or ``"test"``.
+
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        data = self.client_data(client_id)
+        labels = data.train_y if split == "train" else data.test_y
+        return torch.bincount(labels, minlength=self.num_classes).to(torch.int64)
+
+    # ----------------------------------------------------------------------------------------------- loaders
+
+    def _train_loader(self, x: Tensor, y: Tensor, key: str, steps: int | None) -> DataLoader:
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps must be >= 1 or None, got {steps}")
+        # A view of the persistent sampler: shares its pass counter, has its own length.
+        sampler = self._samplers[key].with_num_samples(steps * self.batch_size if steps is not None else None)
+        return DataLoader(
+            TensorDataset(x, y), batch_size=self.batch_size, sampler=sampler, num_workers=0, drop_last=False
+        )
+
+    def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
+        return DataLoader(TensorDataset(x, y), batch_size=self.eval_batch_size, shuffle=False, num_workers=0)
+
+    def client_train_loader(self, client_id: str, steps: int | None = None) -> DataLoader:
+        """Shuffled training loader of one client, yielding ``(x, y)`` batches.
+
+        Each iteration of the loader is one pass of the client's persistent sampler; with ``steps`` the pass has
+        exactly ``steps * batch_size`` samples (wrapping over the data as needed), so exactly ``steps`` batches.
+
+        Args:
+            client_id: The client's id.
+            steps: Number of batches per pass; ``None`` means one epoch over the client's data.
+
+        Returns:
+            A DataLoader over the client's training set.
+
+        Raises:
+            KeyError: If the client id is unknown.
+            ValueError: If ``steps`` is not positive.
+
+        """
+        data = self.client_data(client_id)
+        return self._train_loader(data.train_x, data.train_y, client_id, steps)
+
+    def client_test_loader(self, client_id: str) -> DataLoader:
+        """Unshuffled test loader of one client, yielding ``(x, y)`` batches.
+
+        Args:
+            client_id: The client's id.
+
+        Returns:
+            A DataLoader over the client's test set.
+
+        """
+        data = self.client_data(client_id)
+        return self._eval_loader(data.test_x, data.test_y)
+
+    def _pooled_tensors(self, split: str) -> tuple[Tensor, Tensor]:
+        splits = list(self._ensure_loaded().values())
+        if split == "train":
+            if self._pooled is None:
+                # Cached: the pooled copy is made once, only if someone asks for it (centralised baselines).
+                self._pooled = (torch.cat([s.train_x for s in splits]), torch.cat([s.train_y for s in splits]))
+            return self._pooled
+        return torch.cat([s.test_x for s in splits]), torch.cat([s.test_y for s in splits])
+
+    def pooled_train_loader(self, steps: int | None = None) -> DataLoader:
+        """Shuffled loader over all clients' training data concatenated (centralised baseline).
+
+        Args:
+            steps: Number of batches per pass; ``None`` means one epoch.
+
+        Returns:
+            A DataLoader with its own persistent sampler (key ``"__pooled__"``).
+
+        """
+        x, y = self._pooled_tensors("train")
+        return self._train_loader(x, y, POOLED_KEY, steps)
+
+    def pooled_test_loader(self) -> DataLoader:
+        """Unshuffled loader over all clients' test sets concatenated, in client order.
+
+        Returns:
+            A DataLoader.
+
+        """
+        return self._eval_loader(*self._pooled_tensors("test"))
+
+    def train_dataloader(self) -> DataLoader:
+        """Lightning hook: the pooled training loader (for centralised training with ``trainer.fit(datamodule=)``)."""
+        return self.pooled_train_loader()
+
+    def val_dataloader(self) -> DataLoader:
+        """Lightning hook: the pooled test loader."""
+        return self.pooled_test_loader()
+
+    def test_dataloader(self) -> DataLoader:
+        """Lightning hook: the pooled test loader."""
+        return self.pooled_test_loader()
+
+    # ------------------------------------------------------------------------------------------------ resume
+
+    def sampler_state(self) -> dict[str, int]:
+        """Pass counters of every client's sampler and of the pooled sampler, for round checkpoints.
+
+        Returns:
+            ``{client_id: epoch, ..., "__pooled__": epoch}``.
+
+        """
+        self._ensure_loaded()
+        return {key: sampler.epoch for key, sampler in self._samplers.items()}
+
+    def load_sampler_state(self, state: dict[str, int]) -> None:
+        """Restores pass counters saved by :meth:`sampler_state`; samplers absent from ``state`` are left as they are.
+
+        Args:
+            state: Mapping of sampler key to epoch.
+
+        Raises:
+            KeyError: If ``state`` names an unknown client (listing the valid keys).
+
+        """
+        self._ensure_loaded()
+        unknown = sorted(set(state) - set(self._samplers))
+        if unknown:
+            raise KeyError(f"sampler state names unknown clients {unknown}; valid keys: {', '.join(self._samplers)}")
+        for key, epoch in state.items():
+            self._samplers[key].epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        """Lightning hook: the sampler pass counters (so a Trainer checkpoint of the datamodule can resume them).
+
+        Returns:
+            ``{"sampler_epochs": sampler_state()}``.
+
+        """
+        return {"sampler_epochs": self.sampler_state()}
+
+    def load_state_dict(self, state_dict: dict[str, dict[str, int]]) -> None:
+        """Lightning hook: restores what :meth:`state_dict` saved.
+
+        Args:
+            state_dict: ``{"sampler_epochs": {...}}``.
+
+        """
+        self.load_sampler_state(state_dict.get("sampler_epochs", {}))

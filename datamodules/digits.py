@@ -1,0 +1,127 @@
+"""Embedded federated digits: scikit-learn's 1797 real 8x8 scans split over sites with per-site imaging styles."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+from datamodules.assemble import build_client_splits, convert_channels, resize_images, subsample
+from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.partition import PARTITION_SCHEMES, partition
+from datamodules.sampler import stable_seed
+from datamodules.shifts import SiteStyle, default_site_styles
+
+# Number of distinct domains (imaging styles) used by the domain-based partitions; matches the five fixed styles.
+_MAX_DOMAINS = 5
+
+
+class DigitsFederated(FederatedDataModule):
+    """Handwritten digits (``sklearn.datasets.load_digits``) split over ``num_clients`` sites; nothing downloaded.
+
+    Flow: every sample is partitioned over clients; for the ``"domain"`` and ``"dirichlet_domain"`` schemes each
+    sample first gets a seeded random domain in ``range(min(num_clients, 5))`` and is partitioned by it (its style
+    is its domain's style), otherwise client ``i`` gets style ``i``. Styles are applied once per client, then each
+    client's samples are split into train and test (stratified). Client ids are ``"site0"``, ``"site1"``, ...
+    ``train_domain``/``test_domain`` hold each sample's style index.
+
+    Args:
+        num_clients: Number of clients (sites).
+        image_size: Side of the square images; the 8x8 scans are resized bilinearly.
+        channels: 1 (gray) or 3 (gray replicated before styling, so colour tints apply).
+        partition: Partition scheme: "iid", "dirichlet", "pathological", "domain" or "dirichlet_domain".
+        alpha: Dirichlet concentration for "dirichlet" (over labels) and "dirichlet_domain" (over domains).
+        classes_per_client: Classes per client for "pathological".
+        site_styles: Apply per-site imaging styles (contrast, gamma, blur, noise, inversion, tint), seeded.
+        max_samples_per_client: Cap on each client's samples before the train/test split (None: no cap).
+        batch_size: Training batch size.
+        eval_batch_size: Batch size of the test loaders.
+        test_fraction: Fraction of each client's samples held out as its test set.
+        seed: Seed for partitioning, styling, splitting and shuffling.
+
+    Raises:
+        ValueError: On an invalid argument, naming it.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        num_clients: int = 5,
+        image_size: int = 16,
+        channels: int = 1,
+        partition: str = "iid",
+        alpha: float = 0.5,
+        classes_per_client: int = 2,
+        site_styles: bool = True,
+        max_samples_per_client: int | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int = 256,
+        test_fraction: float = 0.2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        if image_size < 1:
+            raise ValueError(f"image_size must be >= 1, got {image_size}")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        if partition not in PARTITION_SCHEMES:
+            raise ValueError(f"partition must be one of {', '.join(PARTITION_SCHEMES)}; got {partition!r}")
+        if alpha <= 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if classes_per_client < 1:
+            raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client}")
+        if max_samples_per_client is not None and max_samples_per_client < 1:
+            raise ValueError(f"max_samples_per_client must be >= 1 or None, got {max_samples_per_client}")
+        self.num_clients = num_clients
+        self.size = image_size
+        self.channels = channels
+        self.partition = partition
+        self.alpha = alpha
+        self.classes_per_client = classes_per_client
+        self.site_styles = site_styles
+        self.max_samples_per_client = max_samples_per_client
+        self._declared_num_classes = 10
+        self._source = "digits"
+
+    def _load(self) -> list[ClientSplit]:
+        digits = load_digits()
+        labels = np.asarray(digits.target, dtype=np.int64)
+        images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        images = convert_channels(resize_images(images, self.size), self.channels)
+
+        by_domain = self.partition in ("domain", "dirichlet_domain")
+        domains = None
+        if by_domain:
+            rng = np.random.default_rng(stable_seed(self.seed, "domains"))
+            domains = rng.integers(0, min(self.num_clients, _MAX_DOMAINS), size=len(labels))
+        parts = partition(
+            labels,
+            self.partition,
+            self.num_clients,
+            stable_seed(self.seed, "partition"),
+            alpha=self.alpha,
+            classes_per_client=self.classes_per_client,
+            domains=domains,
+        )
+        parts = subsample(parts, self.max_samples_per_client, self.seed)
+
+        if by_domain:
+            style_index = domains
+            num_styles = min(self.num_clients, _MAX_DOMAINS)
+        else:
+            style_index = np.empty(len(labels), dtype=np.int64)
+            for client, idx in enumerate(parts):
+                style_index[idx] = client
+            num_styles = self.num_clients
+        styles = (
+            default_site_styles(num_styles, self.seed, channels=self.channels)
+            if self.site_styles
+            else [SiteStyle()] * num_styles
+        )
+        client_ids = [f"site{i}" for i in range(self.num_clients)]
+        return build_client_splits(
+            images, labels, parts, client_ids, self.test_fraction, self.seed, styles=styles, style_index=style_index
+        )

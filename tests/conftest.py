@@ -1,0 +1,80 @@
+"""Shared builders: a tiny federation on the embedded digits that trains in well under a second."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+from datamodules import DigitsFederated
+from fl_lightning import ClassificationClient, Federation, FederationConfig
+from fl_lightning.cli import TRAINER_DEFAULTS
+
+
+def tiny_data(num_clients: int = 3, **kwargs: Any) -> DigitsFederated:
+    """Digits at 8×8, at most 40 samples per client."""
+    args = {"num_clients": num_clients, "image_size": 8, "max_samples_per_client": 40, "batch_size": 8, "seed": 0}
+    args.update(kwargs)
+    return DigitsFederated(**args)
+
+
+def tiny_model(data: DigitsFederated, **kwargs: Any) -> ClassificationClient:
+    """A 4/8-channel CNN sized for ``data``, seeded so every build starts from the same weights."""
+    torch.manual_seed(0)
+    args = {"arch": "cnn", "width": 4, "lr": 0.1, "momentum": 0.0}
+    args.update(kwargs)
+    return ClassificationClient(
+        num_classes=data.num_classes, in_channels=data.in_channels, image_size=data.image_size, **args
+    )
+
+
+def build_federation(
+    tmp_path: Any,
+    callbacks: Sequence[L.Callback] = (),
+    data: DigitsFederated | None = None,
+    model: ClassificationClient | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+    **config: Any,
+) -> Federation:
+    """A Federation over tiny digits on the CPU with the CLI's Trainer defaults."""
+    data = data or tiny_data()
+    model = model or tiny_model(data, **(model_kwargs or {}))
+    trainer_args = {**TRAINER_DEFAULTS, "accelerator": "cpu", "callbacks": list(callbacks)}
+    cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "progress": False, **config})
+    return Federation(cfg, model, data, L.Trainer(**trainer_args), seed=0)
+
+
+def reference_sgd(
+    net: torch.nn.Module,
+    rounds_of_batches: Iterable[Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    lr: float,
+    momentum: float = 0.0,
+    mu: float = 0.0,
+    fresh_optimizer_each_round: bool = True,
+) -> dict[str, torch.Tensor]:
+    """A plain PyTorch training loop (the independent reference): CE + optional proximal term μ/2‖w − w_round‖²."""
+    net = copy.deepcopy(net).train()
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    for batches in rounds_of_batches:
+        if fresh_optimizer_each_round:
+            opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+        anchor = [p.detach().clone() for p in net.parameters()]
+        for x, y in batches:
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            with torch.no_grad():
+                for p, a in zip(net.parameters(), anchor):
+                    p.grad.add_(p - a, alpha=mu)
+            opt.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+@pytest.fixture
+def quiet_lightning(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing; present so tests can request it without Lightning's info logs cluttering failures."""
+    caplog.set_level("WARNING")

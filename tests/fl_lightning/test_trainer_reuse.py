@@ -1,0 +1,70 @@
+"""One Trainer, N clients × R rounds: exactly the intended epochs, steps and hook calls per client."""
+
+from collections import Counter, defaultdict
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import FederatedCallback
+from fl_lightning.local_fit import LocalFitter
+from tests.conftest import build_federation, tiny_data, tiny_model
+
+
+class HookCounter(FederatedCallback):
+    """Counts Lightning hooks per client (the current client is set by the round hook)."""
+
+    def __init__(self):
+        self.client = None
+        self.counts = defaultdict(Counter)
+
+    def on_client_start(self, federation, client_id, module):
+        self.client = client_id
+        self.counts[client_id]["client_start"] += 1
+
+    def on_fit_start(self, trainer, pl_module):
+        self.counts[self.client]["fit"] += 1
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.counts[self.client]["epoch"] += 1
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        self.counts[self.client]["batch"] += 1
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.counts[self.client]["step"] += 1
+
+
+@pytest.mark.parametrize(("local_epochs", "local_steps"), [(2, None), (1, 5)])
+def test_each_client_runs_its_budget_every_round(tmp_path, local_epochs, local_steps):
+    counter = HookCounter()
+    data = tiny_data(num_clients=3)
+    fed = build_federation(tmp_path, [counter], data=data, rounds=3, local_epochs=local_epochs, local_steps=local_steps)
+    fed.run()
+    for cid in data.client_ids:
+        batches_per_epoch = -(-data.num_train_samples(cid) // data.batch_size)
+        per_round = local_steps if local_steps else local_epochs * batches_per_epoch
+        c = counter.counts[cid]
+        assert c["client_start"] == 3 and c["fit"] == 3
+        assert c["epoch"] == 3 * (1 if local_steps else local_epochs)
+        assert c["batch"] == c["step"] == 3 * per_round, cid
+    total_epochs = sum(c["epoch"] for c in counter.counts.values())
+    assert fed.trainer.current_epoch == total_epochs
+
+
+def test_a_fit_that_runs_nothing_is_an_error():
+    data = tiny_data()
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, max_epochs=0)
+    fitter = LocalFitter(trainer)
+    model = tiny_model(data)
+    fitter.fit(model, data.client_train_loader("site0"), 1, "site0")
+    empty = DataLoader(TensorDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)), batch_size=4)
+    with pytest.raises(RuntimeError, match="client 'siteX' ran no training batch"):
+        fitter.fit(model, empty, 1, "siteX")
+
+
+def test_stock_checkpoint_callbacks_are_refused():
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=True)
+    with pytest.raises(ValueError, match="ModelCheckpoint"):
+        LocalFitter(trainer)

@@ -1,0 +1,122 @@
+"""LightningCLI conventions: composition, overrides, --print_config, --help, and errors that name the key."""
+
+import numpy as np
+import pytest
+
+from callbacks import FedProx
+from fl_lightning.cli import build_cli, main
+
+BASE = "configs/fedavg_digits.yaml"
+
+
+def test_overlay_composes_with_its_base_and_overrides_win():
+    cli = build_cli(
+        [
+            "--config",
+            BASE,
+            "--config",
+            "configs/fedprox_digits.yaml",
+            "--federation.rounds=3",
+            "--model.lr=0.01",
+            "--data.alpha=0.1",
+            "--data.partition=dirichlet",
+        ]
+    )
+    assert cli.config.federation.rounds == 3
+    assert cli.config.model.init_args.lr == 0.01 and cli.model.hparams.lr == 0.01
+    assert cli.config.data.init_args.alpha == 0.1 and cli.datamodule.alpha == 0.1
+    assert cli.config.data.init_args.num_clients == 5  # from the base file
+    assert [type(cb) for cb in cli.trainer.callbacks if isinstance(cb, FedProx)] == [FedProx]
+    # the data's shape is linked into the model
+    assert cli.model.hparams.num_classes == 10 and cli.model.hparams.in_channels == 1
+
+
+def test_an_overlay_alone_pulls_in_its_base():
+    cli = build_cli(["--config", "configs/fedbn_digits.yaml"])
+    assert cli.config.federation.rounds == 15 and type(cli.trainer.callbacks[0]).__name__ == "FedBN"
+
+
+def test_print_config_is_complete(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", "configs/fedprox_digits.yaml", "--federation.rounds=4", "--print_config"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for needle in (
+        "federation:",
+        "rounds: 4",
+        "client_fraction:",
+        "class_path: callbacks.FedProx",
+        "mu: 0.01",
+        "class_path: datamodules.DigitsFederated",
+        "max_epochs:",
+        "seed_everything: 0",
+    ):
+        assert needle in out, needle
+
+
+def test_help_shows_argument_docstrings(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Local epochs per selected client per round" in out
+    assert "Fraction of clients sampled each round" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--federation.roundz=3"], "roundz"),
+        (["--federation.rounds=three"], "federation.rounds"),
+        (["--federation.aggregation=median"], "federation.aggregation"),
+        (["--model.lrr=0.1"], "lrr"),
+        (["--data.alphaa=0.1"], "alphaa"),
+    ],
+)
+def test_bad_keys_and_types_fail_before_training_naming_the_key(args, needle, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", BASE, f"--federation.output_dir={tmp_path}", *args])
+    assert exc.value.code != 0
+    assert needle in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was trained or written
+
+
+def test_unknown_key_in_a_config_file_is_named(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("federation:\n  rounds: 2\n  locl_epochs: 3\n")
+    with pytest.raises(SystemExit):
+        main(["--config", BASE, "--config", str(bad)])
+    assert "locl_epochs" in capsys.readouterr().err
+
+
+def test_invalid_value_names_the_setting(tmp_path):
+    with pytest.raises(ValueError, match="federation.client_fraction=1.5"):
+        main(["--config", BASE, "--federation.client_fraction=1.5", f"--federation.output_dir={tmp_path}"])
+
+
+def test_missing_data_path_is_named(tmp_path):
+    missing = tmp_path / "nowhere" / "pathmnist.npz"
+    with pytest.raises(FileNotFoundError, match="nowhere/pathmnist.npz"):
+        main(["--config", BASE, "--data=datamodules.MedMNISTFederated", f"--data.path={missing}"])
+
+
+def test_label_out_of_range_is_named(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 40), ("val", 10), ("test", 10)):
+        arrays[f"{split}_images"] = rng.integers(0, 255, (n, 28, 28), dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 3, (n, 1))
+    arrays["test_labels"][4] = 7
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"bad\.npz") as exc:
+        main(
+            [
+                "--config",
+                BASE,
+                "--data=datamodules.MedMNISTFederated",
+                f"--data.path={path}",
+                "--data.num_classes=3",
+                "--data.num_clients=2",
+            ]
+        )
+    assert "7" in str(exc.value)
