@@ -258,11 +258,8 @@ class Federation:
 
     def aggregate(self, group: ModelGroup, mean: RunningWeightedMean) -> None:
         """Server step of one group: the weighted mean of the uploads, then the callbacks' server logic."""
-        averaged = mean.result()
-        if abs(mean.total_weight - 1.0) > 1e-9:  # clients dropped out (or a callback re-weighted): renormalise
-            averaged = {
-                k: (v / mean.total_weight).to(v.dtype) if v.is_floating_point() else v for k, v in averaged.items()
-            }
+        # Clients dropped out (or a callback re-weighted): renormalise, integer buffers included.
+        averaged = mean.result(normalize=abs(mean.total_weight - 1.0) > 1e-9)
         for cb in self.callbacks:
             averaged = cb.on_aggregate(self, group, group.state, averaged)
         group.state = averaged

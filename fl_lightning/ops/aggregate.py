@@ -92,8 +92,12 @@ class RunningWeightedMean:
         self.total_weight += weight
         self.count += 1
 
-    def result(self) -> StateDict:
+    def result(self, normalize: bool = False) -> StateDict:
         """The accumulated sum, cast back to each key's original dtype.
+
+        Args:
+            normalize: Divide by the total weight first (Σ_i w_i · state_i / Σ_i w_i), before integer
+                tensors are rounded, so they are re-normalised too.
 
         Raises:
             ValueError: If nothing was added.
@@ -104,5 +108,7 @@ class RunningWeightedMean:
         out: StateDict = {}
         for key, value in self._sum.items():
             dtype = self._dtypes[key]
+            if normalize:
+                value = value / self.total_weight
             out[key] = value.to(dtype) if dtype.is_floating_point else value.round().to(dtype)
         return out
