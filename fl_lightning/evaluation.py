@@ -33,7 +33,7 @@ def summarise(per_client: Mapping[str, Mapping[str, float]]) -> dict[str, dict[s
         worst_cid, worst = pick(items, key=lambda kv: kv[1])
         out[name] = {
             "mean": float(values.mean()),
-            "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+            "std": float(values.std()),
             "worst": float(worst),
             "worst_client": worst_cid,
         }

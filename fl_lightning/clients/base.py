@@ -58,4 +58,3 @@ class ClientModule(L.LightningModule):
         if self._loss_sum is None:
             return {"train_loss": math.nan, "train_steps": 0}
         return {"train_loss": float(self._loss_sum) / self._loss_count, "train_steps": self._loss_count}
-

@@ -261,4 +261,6 @@ def test_same_build_same_results(tmp_path):
     state_b, metrics_b = run(tmp_path / "b")
     assert metrics_a == metrics_b
     assert_equal_state(state_a, state_b)
-    assert not torch.equal(state_a["net.classifier.weight"], tiny_model(tiny_data()).state_dict()["net.classifier.weight"])
+    assert not torch.equal(
+        state_a["net.classifier.weight"], tiny_model(tiny_data()).state_dict()["net.classifier.weight"]
+    )

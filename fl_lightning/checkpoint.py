@@ -1,0 +1,121 @@
+"""Round checkpoints: written atomically, loaded with ``weights_only=True``, never a half-written ``last``."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^round-(\d{5})\.ckpt$")
+
+
+def checkpoint_path(run_dir: Path, round_idx: int) -> Path:
+    """Where the checkpoint after ``round_idx`` completed rounds goes."""
+    return run_dir / CHECKPOINT_DIR / f"round-{round_idx:05d}.ckpt"
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``.
+
+    A crash at any moment leaves either the previous file or the complete new one, never a torso:
+    the temporary name does not match the checkpoint pattern, so it is never taken for one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a round checkpoint onto the CPU with ``weights_only=True`` (no arbitrary unpickling).
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        RuntimeError: If the file is not a readable checkpoint (truncated, or not ours), naming it.
+
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises several types for a damaged file
+        raise RuntimeError(f"checkpoint {path} is unreadable (truncated or corrupt): {err}") from err
+    if not isinstance(state, dict) or "round" not in state:
+        raise RuntimeError(f"{path} is not a fl_lightning round checkpoint")
+    return state
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Round checkpoints of a run directory, newest round first."""
+    directory = run_dir / CHECKPOINT_DIR
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+
+
+def find_last_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of ``run_dir`` that loads, with its content; damaged ones are skipped with a warning."""
+    for path in list_checkpoints(run_dir):
+        try:
+            return path, load_checkpoint(path)
+        except RuntimeError as err:
+            warnings.warn(f"skipping {err}", stacklevel=2)
+    return None
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest round checkpoints (0 keeps all)."""
+    if keep > 0:
+        for path in list_checkpoints(run_dir)[keep:]:
+            path.unlink(missing_ok=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) global RNG states as weights-only-loadable objects."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    """Lists back to tuples, recursively (``random.setstate`` insists on tuples)."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value

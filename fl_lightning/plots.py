@@ -1,0 +1,96 @@
+"""PNG figures of a run: learning curves and the partition of the data over clients."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_curves(client_rows: list[dict[str, Any]], path: Path, metric: str = "acc") -> bool:
+    """Per-client (thin) and mean (thick) test ``metric`` per round, one panel per evaluated model.
+
+    Args:
+        client_rows: The rows of ``metrics.csv`` (``round``, ``client``, ``global/acc``, ``personal/acc``, …).
+        path: Output PNG.
+        metric: Metric name without the model prefix.
+
+    Returns:
+        Whether a figure was written (False if no round was evaluated yet).
+
+    """
+    models = [m for m in ("global", "personal") if any(_num(r.get(f"{m}/{metric}")) is not None for r in client_rows)]
+    if not models:
+        return False
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False, sharey=True)
+    for ax, model in zip(axes[0], models):
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for row in client_rows:
+            value = _num(row.get(f"{model}/{metric}"))
+            if value is not None:
+                series[str(row["client"])].append((int(row["round"]), value))
+        for cid, points in sorted(series.items()):
+            ax.plot(*zip(*points), lw=1, alpha=0.6, label=cid)
+        by_round: dict[int, list[float]] = defaultdict(list)
+        for points in series.values():
+            for r, v in points:
+                by_round[r].append(v)
+        rounds = sorted(by_round)
+        ax.plot(rounds, [np.mean(by_round[r]) for r in rounds], "k-", lw=2.5, label="mean")
+        ax.set_title(f"{model} model: test {metric} per client")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(metric)
+    axes[0][-1].legend(fontsize=7, ncol=2 if len(series) > 8 else 1, loc="lower right")
+    _save(fig, path)
+    return True
+
+
+def plot_partition(
+    label_counts: dict[str, np.ndarray], path: Path, domain_counts: dict[str, np.ndarray] | None = None
+) -> None:
+    """Stacked bars of each client's training labels (and sites/domains, when known).
+
+    Args:
+        label_counts: ``{client: counts per class}``.
+        path: Output PNG.
+        domain_counts: ``{client: counts per domain}`` or None.
+
+    """
+    panels = [("class", label_counts)] + ([("site / domain", domain_counts)] if domain_counts else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (name, counts) in zip(axes[0], panels):
+        clients = list(counts)
+        matrix = np.stack([np.asarray(counts[c], dtype=float) for c in clients])
+        bottom = np.zeros(len(clients))
+        cmap = plt.get_cmap("tab10" if matrix.shape[1] <= 10 else "tab20")
+        for k in range(matrix.shape[1]):
+            ax.bar(clients, matrix[:, k], bottom=bottom, color=cmap(k % cmap.N), label=str(k))
+            bottom += matrix[:, k]
+        ax.set_title(f"training samples per client, by {name}")
+        ax.tick_params(axis="x", rotation=45 if len(clients) > 6 else 0)
+        ax.legend(title=name, fontsize=7, ncol=1 + matrix.shape[1] // 10, loc="upper right")
+    _save(fig, path)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def _save(fig: plt.Figure, path: Path) -> None:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

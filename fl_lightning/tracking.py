@@ -1,0 +1,74 @@
+"""Round-level logging to the Trainer's loggers (W&B by default, CSV/TensorBoard as alternatives)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger, WandbLogger
+
+# Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
+ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
+
+
+class RoundTracker:
+    """Sends round-level metrics and the resolved config to every logger of the shared Trainer.
+
+    W&B specifics: the run's files go into the run directory unless the user chose a directory;
+    ``round`` is declared the x-axis of every round-level key (``eval/*``, ``client/*``, ``time/*``,
+    ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap
+    nor restart; a resumed run continues the same W&B run id.
+
+    Args:
+        loggers: The Trainer's loggers (may be empty).
+
+    """
+
+    def __init__(self, loggers: list[Logger]) -> None:
+        self.loggers = list(loggers)
+
+    def start(self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None) -> None:
+        """Open the experiments (continuing ``run_id`` on W&B) and log the config once."""
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):
+                _prepare_wandb(logger, run_dir, run_id)
+            if config is not None and run_id is None:  # a resumed run logged its config already
+                logger.log_hyperparams(config)
+
+    def log_round(self, round_idx: int, metrics: dict[str, float]) -> None:
+        """Log one round's metrics with the round (1-based) as the step."""
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.log({**metrics, "round": round_idx})
+            else:
+                logger.log_metrics(metrics, step=round_idx)
+
+    def finish(self, status: str = "success") -> None:
+        """Flush and close every logger."""
+        for logger in self.loggers:
+            logger.finalize(status)
+            if isinstance(logger, WandbLogger) and logger._experiment is not None:
+                logger.experiment.finish()
+                logger._experiment = None
+
+    def run_id(self) -> str | None:
+        """The W&B run id (what a checkpoint stores to continue the same run), if any."""
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):
+                return logger.version
+        return None
+
+
+def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:
+    # WandbLogger creates its run lazily on first use, so its init arguments can still be set here.
+    if logger._experiment is None:
+        if logger._wandb_init.get("dir") is None:
+            logger._wandb_init["dir"] = str(run_dir)
+            logger._save_dir = str(run_dir)
+        if run_id is not None:
+            logger._wandb_init.update(id=run_id, resume="allow")
+            logger._id = run_id
+    experiment = logger.experiment
+    experiment.define_metric("round")
+    for prefix in ROUND_PREFIXES:
+        experiment.define_metric(f"{prefix}/*", step_metric="round")
