@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -14,7 +15,13 @@ from fl_lightning.federation import Federation
 
 # The shared Trainer trains every client in turn; these are the settings that make that correct and quiet.
 TRAINER_DEFAULTS: dict[str, Any] = {
-    "logger": False,
+    # W&B offline by default: no account needed; the run's files go into the run directory.
+    # Opt in to online logging with --trainer.logger.init_args.offline=false.
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.WandbLogger",
+        "init_args": {"offline": True, "project": "fl_lightning"},
+    },
+    "enable_autolog_hparams": False,  # the Federation logs the resolved config once, not once per client fit
     "enable_checkpointing": False,  # rounds are checkpointed by the Federation, not per client fit
     "enable_progress_bar": False,  # per-client epoch bars would flood the terminal; the Federation shows rounds
     "enable_model_summary": False,
@@ -66,6 +73,8 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
 
     """
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    # W&B's own end-of-run printout repeats what our final table shows; the run directory says where its files are.
+    os.environ.setdefault("WANDB_SILENT", "true")
     cli = build_cli(args)
     federation_cfg: FederationConfig = cli.config_init["federation"]
     federation = Federation(
@@ -74,6 +83,7 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
         datamodule=cli.datamodule,
         trainer=cli.trainer,
         seed=int(cli.config["seed_everything"]),
-        config_text=cli.parser.dump(cli.config, skip_none=False, skip_check=True),
+        config_text=cli.parser.dump(cli.config, skip_check=True),
+        config_dict=cli.config.clone().as_dict(),
     )
     return federation.run()

@@ -44,6 +44,10 @@ class FederationConfig:
     output_dir: str = "runs"
     run_name: str | None = None
     progress: bool = True
+    plots: bool = True
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    resume: str | None = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -53,6 +57,8 @@ class FederationConfig:
             "client_fraction": 0 < self.client_fraction <= 1,
             "clients_per_round": self.clients_per_round is None or self.clients_per_round >= 1,
             "eval_every": self.eval_every >= 0,
+            "checkpoint_every": self.checkpoint_every >= 0,
+            "keep_checkpoints": self.keep_checkpoints >= 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:

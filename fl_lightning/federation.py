@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -12,16 +13,24 @@ import torch
 
 from callbacks.base import FederatedCallback
 from datamodules.base import FederatedDataModule
+from fl_lightning import records
+from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
+from fl_lightning.environment import environment_record
 from fl_lightning.evaluation import summarise
 from fl_lightning.local_fit import LocalFitter
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state, select_keys
 from fl_lightning.ops.state import StateDict
+from fl_lightning.plots import plot_curves, plot_partition
 from fl_lightning.report import RoundReporter
+from fl_lightning.resume import resolve_resume
 from fl_lightning.run_dir import RunDirectory
 from fl_lightning.selection import num_selected, random_cycle, select_clients
 from fl_lightning.state import ClientUpdate, ModelGroup
+from fl_lightning.tracking import RoundTracker
+
+CHECKPOINT_VERSION = 1
 
 POOLED = "__pooled__"  # the single pseudo-client of centralised training
 
@@ -48,10 +57,12 @@ class Federation:
         trainer: L.Trainer,
         seed: int = 0,
         config_text: str | None = None,
+        config_dict: dict[str, Any] | None = None,
         reporter: RoundReporter | None = None,
     ) -> None:
         self.config, self.module, self.data, self.trainer, self.seed = config, module, datamodule, trainer, seed
-        self.config_text = config_text
+        self.config_text, self.config_dict = config_text, config_dict
+        self.tracker = RoundTracker(trainer.loggers)
         self.reporter = reporter or RoundReporter(enabled=config.progress)
         self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
         self._check_mode()
@@ -62,6 +73,7 @@ class Federation:
         self.private_keys: set[str] = set()
         self.round = 0
         self.run_dir: RunDirectory | None = None
+        self.last_evaluation: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ set-up
     def _check_mode(self) -> None:
@@ -102,7 +114,7 @@ class Federation:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
-        """Run all rounds and the final evaluation.
+        """Run all rounds (from a checkpoint if ``config.resume`` is set) and the final evaluation.
 
         Returns:
             The summary that is also written to ``summary.json``.
@@ -110,20 +122,54 @@ class Federation:
         """
         self.setup()
         cfg = self.config
-        self.run_dir = RunDirectory(cfg.output_dir, cfg.run_name, suffix=cfg.mode)
-        if self.config_text is not None:
-            self.run_dir.write_config(self.config_text)
+        run_id = self._open_run_dir()
+        self.tracker.start(self.run_dir.path, self.config_dict, run_id=run_id)
         for cb in self.callbacks:
             cb.on_federation_start(self)
         self.reporter.start(cfg.rounds, str(self.run_dir.path), first_round=self.round)
-        evaluation: dict[str, Any] = {}
-        for r in range(self.round, cfg.rounds):
-            evaluation = self.run_round(r)
-            self.round = r + 1
-        summary = self.summary(evaluation)
+        status = "failed"
+        try:
+            for r in range(self.round, cfg.rounds):
+                self.last_evaluation = self.run_round(r)
+                self.round = r + 1
+                if cfg.checkpoint_every and (self.round % cfg.checkpoint_every == 0 or self.round == cfg.rounds):
+                    self.save_checkpoint()
+            status = "success"
+        finally:
+            self.reporter.stop()
+            self.tracker.finish(status)
+        summary = self.summary()
         self.run_dir.write_summary(summary)
+        if cfg.plots:
+            plot_curves(self.run_dir.client_rows, self.run_dir.path / "curves.png")
         self.reporter.finish(summary, str(self.run_dir.path))
         return summary
+
+    def _open_run_dir(self) -> str | None:
+        """Create the run directory, or reopen the resumed one; returns the logger run id to continue."""
+        cfg = self.config
+        if cfg.resume:
+            path, ckpt_path, state = resolve_resume(cfg.resume, cfg.output_dir, cfg.run_name)
+            self.load_state_dict(state)
+            self.run_dir = RunDirectory.reopen(path, state["rows"]["clients"], state["rows"]["rounds"])
+            self.reporter.note(f"resuming from {ckpt_path} after round {self.round}")
+            return state.get("logger_run_id")
+        self.run_dir = RunDirectory(cfg.output_dir, cfg.run_name, suffix=cfg.mode)
+        if self.config_text is not None:
+            self.run_dir.write_config(self.config_text)
+        self.run_dir.write_json("environment.json", environment_record(self.seed))
+        if cfg.plots:
+            counts = {c: self.data.label_counts(c).numpy() for c in self.data.client_ids}
+            plot_partition(counts, self.run_dir.path / "partition.png", self._domain_counts())
+        return None
+
+    def _domain_counts(self) -> dict[str, Any] | None:
+        """Training samples per site/domain of each client, when the data know them."""
+        domains = {c: self.data.client_data(c).train_domain for c in self.data.client_ids}
+        if any(d is None for d in domains.values()):
+            return None
+        size = int(max(int(d.max()) for d in domains.values() if len(d)) + 1)
+        return {c: torch.bincount(d, minlength=size).numpy() for c, d in domains.items()}
 
     def run_round(self, r: int) -> dict[str, Any]:
         """One round: select → train each client → aggregate each group → evaluate → record."""
@@ -135,7 +181,7 @@ class Federation:
             cb.on_round_start(self, r, selected)
         self.reporter.round_start(sum(len([c for c in selected if c in g.members]) for g in self.groups))
         # --- local training and streaming aggregation, per group
-        client_rows: dict[str, dict[str, Any]] = {}
+        trained: dict[str, dict[str, Any]] = {}
         failed: list[str] = []
         t_train = t_agg = 0.0
         samples = 0
@@ -152,7 +198,7 @@ class Federation:
                     failed.append(cid)
                     continue
                 samples += update.num_steps * self.data.batch_size
-                client_rows[cid] = {
+                trained[cid] = {
                     "train_samples": update.num_samples,
                     "train_steps": update.num_steps,
                     **update.metrics,
@@ -186,11 +232,19 @@ class Federation:
         }
         for model, stats in evaluation.get("summary", {}).items():
             round_row.update({f"eval/{model}/{m}": s["mean"] for m, s in stats.items()})
-        self.run_dir.add_rows(self._client_rows(r, selected, failed, client_rows, evaluation), round_row)
+        rows = records.client_rows(
+            r + 1, list(self.data.client_ids), self._expand(selected), self._expand(failed), trained, evaluation
+        )
+        self.run_dir.add_rows(rows, round_row)
+        self.tracker.log_round(r + 1, records.logged_metrics(round_row, trained, evaluation))
         for cb in self.callbacks:
             cb.on_round_end(self, r, round_row)
-        self.reporter.round_end(_round_line(r, cfg.rounds, client_rows, evaluation, round_row["time/round"]))
+        self.reporter.round_end(records.round_line(r + 1, cfg.rounds, trained, evaluation, round_row["time/round"]))
         return evaluation
+
+    def _expand(self, client_ids: list[str]) -> set[str]:
+        """Client ids, with the pooled pseudo-client standing for every client."""
+        return set(self.data.client_ids) if POOLED in client_ids else set(client_ids)
 
     # ------------------------------------------------------------------ phases
     def select(self, r: int) -> list[str]:
@@ -280,7 +334,12 @@ class Federation:
         raise KeyError(f"client {client_id!r} belongs to no model group")
 
     def evaluate(self) -> dict[str, Any]:
-        """Global and personalised models on every client's test set, and the global model on the pooled test set."""
+        """Evaluate on every client's test set (not only the sampled clients).
+
+        ``global``: the client's group model. ``personal``: the group model with the client's private
+        state (identical to ``global`` when nothing is private, as in FedAvg, and then not recomputed).
+        ``pooled``: the global model on all clients' test sets concatenated.
+        """
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
         module, device = self.module, self.device
         module.to(device)
@@ -290,9 +349,12 @@ class Federation:
             if self.has_global_model:
                 module.load_state_dict(group.state)
                 per_model["global"][cid] = module.evaluate(loader, device)
-            if self.private_keys:
-                module.load_state_dict({**group.state, **self.private.get((group.name, cid), {})})
+            private = self.private.get((group.name, cid))
+            if private:
+                module.load_state_dict({**group.state, **private})
                 per_model["personal"][cid] = module.evaluate(loader, device)
+            elif self.has_global_model:
+                per_model["personal"][cid] = dict(per_model["global"][cid])
         out: dict[str, Any] = {
             "clients": per_model,
             "summary": {m: summarise(v) for m, v in per_model.items() if v},
@@ -302,64 +364,79 @@ class Federation:
             out["pooled"] = module.evaluate(self.data.pooled_test_loader(), device)
         return out
 
-    def summary(self, evaluation: dict[str, Any]) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """The final evaluation table (what ``summary.json`` holds)."""
-        clients = {
-            cid: {
-                "test_samples": len(self.data.client_test_loader(cid).dataset),
-                **{m: evaluation["clients"][m][cid] for m in ("global", "personal") if cid in evaluation["clients"][m]},
-            }
-            for cid in self.data.client_ids
-        }
-        out = {
+        evaluation = self.last_evaluation
+        meta = {
             "run_dir": str(self.run_dir.path),
             "mode": self.config.mode,
             "topology": self.config.topology,
             "rounds": self.round,
             "methods": [type(cb).__name__ for cb in self.callbacks] or ["FedAvg"],
-            "clients": clients,
-            "summary": evaluation["summary"],
         }
-        if "pooled" in evaluation:
-            out["pooled"] = evaluation["pooled"]
-            out["pooled_test_samples"] = len(self.data.pooled_test_loader().dataset)
-        return out
+        test_samples = {c: self.data.num_test_samples(c) for c in self.data.client_ids}
+        pooled = sum(test_samples.values()) if "pooled" in evaluation else None
+        return records.summary_table(evaluation, test_samples, pooled, meta)
 
-    def _client_rows(
-        self,
-        r: int,
-        selected: list[str],
-        failed: list[str],
-        trained: dict[str, dict[str, Any]],
-        evaluation: dict[str, Any],
-    ) -> list[dict[str, Any]]:
-        rows = []
-        for cid in self.data.client_ids:
-            row: dict[str, Any] = {
-                "round": r + 1,
-                "client": cid,
-                "selected": int(cid in selected or POOLED in selected),
-                "failed": int(cid in failed),
-            }
-            row.update(trained.get(cid, {}))
-            for model, per_client in evaluation.get("clients", {}).items():
-                row.update({f"{model}/{k}": v for k, v in per_client.get(cid, {}).items()})
-            rows.append(row)
-        return rows
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run exactly (plain tensors, numbers, strings, dicts, lists)."""
+        return {
+            "version": CHECKPOINT_VERSION,
+            "round": self.round,
+            "groups": [{"name": g.name, "state": g.state, "members": list(g.members)} for g in self.groups],
+            "private": _nest(self.private),
+            "optimizer_states": _nest(self.optimizer_states),
+            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
+            "data": self.data.sampler_state(),
+            "rng": rng_state(),
+            "evaluation": self.last_evaluation,
+            "rows": {"clients": self.run_dir.client_rows, "rounds": self.run_dir.round_rows},
+            "logger_run_id": self.tracker.run_id(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after :meth:`setup`, which built the module and groups).
+
+        Raises:
+            ValueError: If the checkpoint was written by another version or for other callbacks.
+
+        """
+        if state.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
+        saved_cbs, our_cbs = set(state["callbacks"]), {cb.state_key for cb in self.callbacks}
+        if saved_cbs != our_cbs:
+            raise ValueError(f"checkpoint callbacks {sorted(saved_cbs)} differ from the configured {sorted(our_cbs)}")
+        self.round = int(state["round"])
+        self.groups = [ModelGroup(g["name"], g["state"], list(g["members"])) for g in state["groups"]]
+        self.module.load_state_dict(self.groups[0].state)  # fails loudly if the architecture changed
+        self.private = _unnest(state["private"])
+        self.optimizer_states = _unnest(state["optimizer_states"])
+        for cb in self.callbacks:
+            cb.load_state_dict(state["callbacks"][cb.state_key])
+        self.data.load_sampler_state(state["data"])
+        set_rng_state(state["rng"])
+        self.last_evaluation = state["evaluation"]
+
+    def save_checkpoint(self) -> Path:
+        """Write the round checkpoint atomically and prune old ones; returns its path."""
+        path = checkpoint_path(self.run_dir.path, self.round)
+        save_checkpoint(path, self.state_dict())
+        prune_checkpoints(self.run_dir.path, self.config.keep_checkpoints)
+        return path
+
+
+def _nest(flat: dict[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
+    """{(group, client): v} → {group: {client: v}} (checkpoints hold string keys only)."""
+    out: dict[str, dict[str, Any]] = {}
+    for (group, client), value in flat.items():
+        out.setdefault(group, {})[client] = value
+    return out
+
+
+def _unnest(nested: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Any]:
+    return {(group, client): value for group, inner in nested.items() for client, value in inner.items()}
 
 
 def _all_finite(state: StateDict) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
-
-
-def _round_line(
-    r: int, rounds: int, trained: dict[str, dict[str, Any]], evaluation: dict[str, Any], seconds: float
-) -> str:
-    losses = [m["train_loss"] for m in trained.values()]
-    parts = [f"round {r + 1}/{rounds}", f"train loss {sum(losses) / max(len(losses), 1):.4f}"]
-    for model, stats in evaluation.get("summary", {}).items():
-        if "acc" in stats:
-            acc = stats["acc"]
-            parts.append(f"{model} acc {acc['mean']:.4f} ± {acc['std']:.4f} (worst {acc['worst']:.4f})")
-    parts.append(f"{seconds:.1f}s")
-    return " │ ".join(parts)

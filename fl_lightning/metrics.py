@@ -6,8 +6,11 @@ Client test sets under label skew miss classes; averaging a recall of 0/0 over t
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+from torchmetrics.functional.classification import binary_auroc
 
 
 def confusion_matrix(preds: Tensor, target: Tensor, num_classes: int) -> Tensor:
@@ -34,12 +37,26 @@ def macro_f1(preds: Tensor, target: Tensor, num_classes: int) -> float:
     return f1[present].mean().item()
 
 
+def macro_auroc(probs: Tensor, target: Tensor) -> float:
+    """One-vs-rest AUROC averaged over the classes that have both positives and negatives in ``target``.
+
+    ``nan`` when no class qualifies (e.g. a test set of a single class), since AUROC is then undefined.
+    """
+    scores = [
+        binary_auroc(probs[:, c], (target == c).long()).item()
+        for c in range(probs.shape[1])
+        if 0 < int((target == c).sum()) < len(target)
+    ]
+    return sum(scores) / len(scores) if scores else math.nan
+
+
 def classification_metrics(logits: Tensor, target: Tensor, num_classes: int) -> dict[str, float]:
-    """Loss, accuracy, balanced accuracy and macro-F1 of ``logits`` against ``target``."""
+    """Loss, accuracy, balanced accuracy, macro-F1 and macro AUROC of ``logits`` against ``target``."""
     preds = logits.argmax(1)
     return {
         "loss": torch.nn.functional.cross_entropy(logits, target).item(),
         "acc": (preds == target).double().mean().item(),
         "balanced_acc": balanced_accuracy(preds, target, num_classes),
         "macro_f1": macro_f1(preds, target, num_classes),
+        "auroc": macro_auroc(logits.softmax(1), target),
     }

@@ -56,11 +56,20 @@ class RoundReporter:
             self._progress.advance(self._rounds)
             self._progress.console.print(line)
 
-    def finish(self, summary: dict[str, Any], run_dir: str) -> None:
-        """Close the bars and print the final evaluation table."""
+    def note(self, line: str) -> None:
+        """Print a message (e.g. where a resumed run continues from)."""
+        if self.enabled:
+            self.console.print(line)
+
+    def stop(self) -> None:
+        """Close the bars (also when the run fails)."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+    def finish(self, summary: dict[str, Any], run_dir: str) -> None:
+        """Print the final evaluation table and the run directory."""
+        self.stop()
         if self.enabled:
             self.console.print(evaluation_table(summary))
             self.console.print(f"[bold]run directory:[/bold] {run_dir}")

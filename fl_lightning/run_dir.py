@@ -62,6 +62,22 @@ class RunDirectory:
         self.client_rows: list[dict[str, Any]] = []
         self.round_rows: list[dict[str, Any]] = []
 
+    @classmethod
+    def reopen(cls, path: Path, client_rows: list[dict[str, Any]], round_rows: list[dict[str, Any]]) -> RunDirectory:
+        """The directory of an interrupted run, with the rows it had recorded up to its checkpoint.
+
+        Rows written after that checkpoint (by rounds that will now run again) are dropped.
+        """
+        run = cls.__new__(cls)
+        run.path = Path(path)
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.client_rows, run.round_rows = list(client_rows), list(round_rows)
+        return run
+
+    def write_json(self, name: str, content: dict[str, Any]) -> None:
+        """Any JSON record of the run (e.g. ``environment.json``)."""
+        atomic_write_text(self.path / name, json.dumps(content, indent=2, sort_keys=True, default=str) + "\n")
+
     def write_config(self, text: str) -> None:
         """The resolved config (YAML) that reproduces the run."""
         atomic_write_text(self.path / "config.yaml", text)
@@ -75,4 +91,4 @@ class RunDirectory:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """The final evaluation table as ``summary.json``."""
-        atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        self.write_json("summary.json", summary)

@@ -14,7 +14,8 @@ ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
 class RoundTracker:
     """Sends round-level metrics and the resolved config to every logger of the shared Trainer.
 
-    W&B specifics: the run's files go into the run directory unless the user chose a directory;
+    W&B specifics: the run's files go into the run directory unless the user chose a ``save_dir``
+    other than the default ``.``;
     ``round`` is declared the x-axis of every round-level key (``eval/*``, ``client/*``, ``time/*``,
     ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap
     nor restart; a resumed run continues the same W&B run id.
@@ -62,7 +63,7 @@ class RoundTracker:
 def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:
     # WandbLogger creates its run lazily on first use, so its init arguments can still be set here.
     if logger._experiment is None:
-        if logger._wandb_init.get("dir") is None:
+        if logger._wandb_init.get("dir") in (None, "."):  # WandbLogger's default save_dir is "."
             logger._wandb_init["dir"] = str(run_dir)
             logger._save_dir = str(run_dir)
         if run_id is not None:

@@ -44,8 +44,8 @@ def build_federation(
     """A Federation over tiny digits on the CPU with the CLI's Trainer defaults."""
     data = data or tiny_data()
     model = model or tiny_model(data, **(model_kwargs or {}))
-    trainer_args = {**TRAINER_DEFAULTS, "accelerator": "cpu", "callbacks": list(callbacks)}
-    cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "progress": False, **config})
+    trainer_args = {**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False, "callbacks": list(callbacks)}
+    cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "progress": False, "plots": False, **config})
     return Federation(cfg, model, data, L.Trainer(**trainer_args), seed=0)
 
 

@@ -12,6 +12,7 @@ from fl_lightning.cli import main
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
 TINY = [
+    "--trainer.logger=false",
     "--federation.rounds=1",
     "--federation.progress=false",
     "--data.max_samples_per_client=30",

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, log_loss
+from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, log_loss, roc_auc_score
 
 from fl_lightning.evaluation import summarise
 from fl_lightning.metrics import balanced_accuracy, classification_metrics, confusion_matrix, macro_f1
@@ -74,7 +74,7 @@ def test_classification_metrics_match_sklearn(case, dtype):
         allowed[pred_classes] = True
         logits = logits.masked_fill(~allowed, -5.0)
     got = classification_metrics(logits, target, num_classes)
-    assert set(got) == {"loss", "acc", "balanced_acc", "macro_f1"}
+    assert set(got) == {"loss", "acc", "balanced_acc", "macro_f1", "auroc"}
 
     y, lg = target.numpy(), logits.double().numpy()
     pred = lg.argmax(1)
@@ -89,6 +89,12 @@ def test_classification_metrics_match_sklearn(case, dtype):
         expected_bacc = balanced_accuracy_score(y, pred)
     assert got["balanced_acc"] == pytest.approx(expected_bacc, abs=1e-12)
     assert got["macro_f1"] == pytest.approx(f1_score(y, pred, average="macro", zero_division=0), abs=1e-12)
+    # AUROC: one-vs-rest per class that has positives and negatives, averaged (scikit-learn per class).
+    per_class = [roc_auc_score(y == c, prob[:, c]) for c in range(num_classes) if 0 < (y == c).sum() < n]
+    if per_class:
+        assert got["auroc"] == pytest.approx(np.mean(per_class), abs=1e-5)
+    else:
+        assert np.isnan(got["auroc"])
 
 
 def test_label_skew_is_not_averaged_over_absent_classes():
