@@ -25,7 +25,7 @@ from fl_lightning.ops.state import StateDict
 from fl_lightning.plots import plot_curves, plot_partition
 from fl_lightning.report import RoundReporter
 from fl_lightning.resume import resolve_resume
-from fl_lightning.run_dir import RunDirectory
+from fl_lightning.run_dir import RunDirectory, json_safe
 from fl_lightning.selection import num_selected, random_cycle, select_clients
 from fl_lightning.state import ClientUpdate, ModelGroup
 from fl_lightning.tracking import RoundTracker
@@ -376,7 +376,7 @@ class Federation:
         }
         test_samples = {c: self.data.num_test_samples(c) for c in self.data.client_ids}
         pooled = sum(test_samples.values()) if "pooled" in evaluation else None
-        return records.summary_table(evaluation, test_samples, pooled, meta)
+        return json_safe(records.summary_table(evaluation, test_samples, pooled, meta))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import tempfile
 import time
@@ -25,6 +26,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN/inf floats replaced by None, recursively (strict JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _csv_text(rows: list[dict[str, Any]]) -> str:
@@ -76,7 +88,8 @@ class RunDirectory:
 
     def write_json(self, name: str, content: dict[str, Any]) -> None:
         """Any JSON record of the run (e.g. ``environment.json``)."""
-        atomic_write_text(self.path / name, json.dumps(content, indent=2, sort_keys=True, default=str) + "\n")
+        text = json.dumps(json_safe(content), indent=2, sort_keys=True, default=str, allow_nan=False)
+        atomic_write_text(self.path / name, text + "\n")
 
     def write_config(self, text: str) -> None:
         """The resolved config (YAML) that reproduces the run."""
