@@ -18,12 +18,23 @@ class FederatedCallback(L.Callback):
     (``on_train_start``, ``on_before_optimizer_step``, …) run inside each client's local fit as
     for any callback. Callbacks must not depend on each other's order.
 
+    Once: ``prepare_module`` → ``private_keys`` → ``on_federation_start``. Each round:
     ``on_round_start`` → per client: ``on_client_start`` → local fit → ``on_client_end`` →
     per group: ``on_aggregate`` → evaluation → ``on_round_end``.
+
+    Raise :class:`fl_lightning.errors.PreconditionError` when the method cannot work with the
+    configured model or optimiser: the run stops with that message instead of dropping clients.
 
     State that must survive a checkpoint goes in ``state_dict`` (plain tensors, numbers, strings,
     dicts and lists), keyed by client id where it is per client.
     """
+
+    def prepare_module(self, federation: Federation, module: L.LightningModule) -> None:
+        """Once, before the initial global state is taken: add layers or buffers the method needs.
+
+        Layers belong to the model (so they are aggregated, checkpointed and moved with it); a
+        callback that needs one (e.g. an amplitude-normalisation layer) inserts it here.
+        """
 
     def private_keys(self, module: L.LightningModule) -> set[str]:
         """State-dict keys of ``module`` that stay on each client and are never averaged."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "scikit-learn", "jsonargparse", "wandb")
+IMPORT_NAMES = {"scikit-learn": "sklearn"}
 
 
 def git_commit(directory: Path) -> str | None:
@@ -35,8 +36,10 @@ def environment_record(seed: int) -> dict[str, Any]:
     """Python, platform, package versions, the project's git commit, the seed and the command line."""
     versions = {}
     for name in PACKAGES:
+        # The imported module's own version when loaded: the wheel metadata lacks build tags such as "+cu130".
+        imported = getattr(sys.modules.get(IMPORT_NAMES.get(name, name)), "__version__", None)
         try:
-            versions[name] = metadata.version(name)
+            versions[name] = str(imported) if imported else metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
     return {

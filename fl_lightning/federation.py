@@ -18,6 +18,7 @@ from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_stat
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.environment import environment_record
+from fl_lightning.errors import PreconditionError
 from fl_lightning.evaluation import summarise
 from fl_lightning.local_fit import LocalFitter
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state, select_keys
@@ -100,6 +101,8 @@ class Federation:
         cfg = self.config
         if not self.data.client_ids:
             raise ValueError("the datamodule has no clients")
+        for cb in self.callbacks:
+            cb.prepare_module(self, self.module)
         init = clone_state(self.module.state_dict())
         members = [POOLED] if cfg.mode == "centralized" else list(self.data.client_ids)
         self.groups = [ModelGroup("global", init, members)]
@@ -197,7 +200,7 @@ class Federation:
                 if update is None:
                     failed.append(cid)
                     continue
-                samples += update.num_steps * self.data.batch_size
+                samples += _samples_trained(update, self.data.batch_size, cfg.local_steps is not None)
                 trained[cid] = {
                     "train_samples": update.num_samples,
                     "train_steps": update.num_steps,
@@ -283,6 +286,8 @@ class Federation:
                 optimizer_state=self.optimizer_states.get(key),
                 keep_optimizer_state=self.keep_optimizer_state,
             )
+        except PreconditionError:
+            raise  # a method that cannot work here fails the run, not one client
         except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
             warnings.warn(f"client {client_id!r} failed and is left out of this round: {err!r}", stacklevel=2)
             return None
@@ -436,6 +441,15 @@ def _nest(flat: dict[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
 
 def _unnest(nested: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Any]:
     return {(group, client): value for group, inner in nested.items() for client, value in inner.items()}
+
+
+def _samples_trained(update: ClientUpdate, batch_size: int, fixed_steps: bool) -> int:
+    """Samples in the update's batches: all full, except each epoch's last one when a client trains epochs."""
+    if fixed_steps:  # the sampler draws exactly steps * batch_size samples
+        return update.num_steps * batch_size
+    per_epoch = math.ceil(update.num_samples / batch_size)
+    epochs, rest = divmod(update.num_steps, per_epoch)
+    return epochs * update.num_samples + rest * batch_size
 
 
 def _all_finite(state: StateDict) -> bool:

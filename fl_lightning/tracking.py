@@ -27,6 +27,7 @@ class RoundTracker:
 
     def __init__(self, loggers: list[Logger]) -> None:
         self.loggers = list(loggers)
+        self._defined: dict[int, set[str]] = {}  # per W&B logger: keys given "round" as their x-axis by name
 
     def start(self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None) -> None:
         """Open the experiments (continuing ``run_id`` on W&B) and log the config once."""
@@ -40,6 +41,12 @@ class RoundTracker:
         """Log one round's metrics with the round (1-based) as the step."""
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
+                # WandbLogger's own glob "*" (x-axis trainer/global_step) also matches these keys, and W&B picks
+                # one matching glob at random; a definition by exact name takes precedence over every glob.
+                defined = self._defined.setdefault(id(logger), set())
+                for key in sorted(metrics.keys() - defined):
+                    logger.experiment.define_metric(key, step_metric="round")
+                defined.update(metrics)
                 logger.experiment.log({**metrics, "round": round_idx})
             else:
                 logger.log_metrics(metrics, step=round_idx)

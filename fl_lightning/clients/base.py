@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
@@ -27,6 +27,9 @@ class ClientModule(L.LightningModule):
         super().__init__()
         self._loss_sum: Tensor | None = None
         self._loss_count = 0
+        # Extra training-loss terms that callbacks register (e.g. MOON's contrastive term); each is called
+        # with the outputs of the batch's forward pass and returns a scalar added to the loss.
+        self.loss_terms: dict[str, Callable[..., Tensor]] = {}
 
     @abstractmethod
     def training_loss(self, batch: Any) -> Tensor:

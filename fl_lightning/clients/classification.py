@@ -50,15 +50,35 @@ class ClassificationClient(ClientModule):
             raise ValueError(f"model.lr must be positive, got {lr}")
         self.save_hyperparameters()
         self.net = build_classifier(arch, in_channels, num_classes, tuple(image_size), width=width, norm=norm)
+        # Training-loss modifiers set per client by label-skew methods; never used at evaluation.
+        # logit_adjustment is added to the logits in the loss (FedShift); class_weight weights the
+        # cross-entropy (Reweighting) when use_class_weight is set. Buffers, so they move with the model.
+        self.register_buffer("logit_adjustment", torch.zeros(num_classes))
+        self.register_buffer("class_weight", torch.ones(num_classes))
+        self.use_class_weight = False
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (N, num_classes)."""
         return self.net(x)
 
     def training_loss(self, batch: Any) -> Tensor:
-        """Cross-entropy of the batch ``(x, y)``."""
+        """Cross-entropy of the batch ``(x, y)`` with the per-client loss modifiers, plus registered terms.
+
+        With loss terms registered, the network must expose ``features`` and ``classifier`` (the
+        representation contract of SmallCNN and MLP) so the terms get the representation of the
+        same forward pass.
+        """
         x, y = batch[0], batch[1]
-        return F.cross_entropy(self(x), y)
+        if self.loss_terms:
+            features = self.net.features(x)
+            logits = self.net.classifier(features)
+        else:
+            features, logits = None, self(x)
+        weight = self.class_weight if self.use_class_weight else None
+        loss = F.cross_entropy(logits + self.logit_adjustment, y, weight=weight)
+        for term in self.loss_terms.values():
+            loss = loss + term(x=x, y=y, logits=logits, features=features)
+        return loss
 
     @torch.inference_mode()
     def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
