@@ -144,8 +144,8 @@ class Federation:
         summary = self.summary()
         self.run_dir.write_summary(summary)
         if cfg.plots:
-            plot_curves(self.run_dir.client_rows, self.run_dir.path / "curves.png")
-        self.reporter.finish(summary, str(self.run_dir.path))
+            plot_curves(self.run_dir.client_rows, self.run_dir.path / "curves.png", self.module.primary_metric)
+        self.reporter.finish(summary, str(self.run_dir.path), self.module.primary_metric)
         return summary
 
     def _open_run_dir(self) -> str | None:
@@ -242,7 +242,10 @@ class Federation:
         self.tracker.log_round(r + 1, records.logged_metrics(round_row, trained, evaluation))
         for cb in self.callbacks:
             cb.on_round_end(self, r, round_row)
-        self.reporter.round_end(records.round_line(r + 1, cfg.rounds, trained, evaluation, round_row["time/round"]))
+        line = records.round_line(
+            r + 1, cfg.rounds, trained, evaluation, round_row["time/round"], self.module.primary_metric
+        )
+        self.reporter.round_end(line)
         return evaluation
 
     def _expand(self, client_ids: list[str]) -> set[str]:

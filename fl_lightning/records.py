@@ -79,14 +79,19 @@ def summary_table(
 
 
 def round_line(
-    round_idx: int, rounds: int, trained: dict[str, dict[str, Any]], evaluation: dict[str, Any], seconds: float
+    round_idx: int,
+    rounds: int,
+    trained: dict[str, dict[str, Any]],
+    evaluation: dict[str, Any],
+    seconds: float,
+    metric: str = "acc",
 ) -> str:
-    """The one-line report printed after each round."""
+    """The one-line report printed after each round (mean ± std and worst client of ``metric``)."""
     losses = [m["train_loss"] for m in trained.values()]
     parts = [f"round {round_idx}/{rounds}", f"train loss {sum(losses) / max(len(losses), 1):.4f}"]
     for model, stats in evaluation.get("summary", {}).items():
-        if "acc" in stats:
-            acc = stats["acc"]
-            parts.append(f"{model} acc {acc['mean']:.4f} ± {acc['std']:.4f} (worst {acc['worst']:.4f})")
+        if metric in stats:
+            m = stats[metric]
+            parts.append(f"{model} {metric} {m['mean']:.4f} ± {m['std']:.4f} (worst {m['worst']:.4f})")
     parts.append(f"{seconds:.1f}s")
     return " │ ".join(parts)

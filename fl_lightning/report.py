@@ -67,11 +67,11 @@ class RoundReporter:
             self._progress.stop()
             self._progress = None
 
-    def finish(self, summary: dict[str, Any], run_dir: str) -> None:
-        """Print the final evaluation table and the run directory."""
+    def finish(self, summary: dict[str, Any], run_dir: str, metric: str = "acc") -> None:
+        """Print the final evaluation table of ``metric`` and the run directory."""
         self.stop()
         if self.enabled:
-            self.console.print(evaluation_table(summary))
+            self.console.print(evaluation_table(summary, metric))
             self.console.print(f"[bold]run directory:[/bold] {run_dir}")
 
 
@@ -84,14 +84,19 @@ def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
     for model in models:
         table.add_column(f"{model} {metric}", justify="right")
     for cid, entry in summary["clients"].items():
-        cells = [f"{entry.get(m, {}).get(metric, float('nan')):.4f}" for m in models]
+        cells = [_fmt(entry.get(m, {}).get(metric)) for m in models]
         table.add_row(cid, str(entry["test_samples"]), *cells)
     table.add_section()
     for stat in ("mean", "std", "worst"):
-        cells = [f"{summary['summary'][m].get(metric, {}).get(stat, float('nan')):.4f}" for m in models]
+        cells = [_fmt(summary["summary"][m].get(metric, {}).get(stat)) for m in models]
         table.add_row(stat, "", *cells)
     if "pooled" in summary:
         table.add_section()
-        cells = [f"{summary['pooled'].get(metric, float('nan')):.4f}" if m == "global" else "" for m in models]
+        cells = [_fmt(summary["pooled"].get(metric)) if m == "global" else "" for m in models]
         table.add_row("pooled test set", str(summary["pooled_test_samples"]), *cells)
     return table
+
+
+def _fmt(value: float | None) -> str:
+    """Four decimals, or a dash for a metric that is undefined (stored as null)."""
+    return "—" if value is None else f"{value:.4f}"

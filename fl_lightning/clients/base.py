@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class ClientModule(L.LightningModule):
@@ -20,8 +20,16 @@ class ClientModule(L.LightningModule):
     (anything else would leak between clients).
 
     Subclasses implement ``training_loss`` and ``evaluate``; ``training_step`` here records the
-    mean training loss of the fit without a device sync per step.
+    mean training loss of the fit without a device sync per step. Subclasses pass every input
+    batch through ``self.input_norm`` first: an identity by default, a layer that a method
+    installs in ``prepare_module`` (HarmoFL's amplitude normalisation) otherwise.
+
+    Attributes:
+        primary_metric: The evaluation metric shown in the round line, the final table and curves.
+
     """
+
+    primary_metric: str = "acc"
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,6 +38,7 @@ class ClientModule(L.LightningModule):
         # Extra training-loss terms that callbacks register (e.g. MOON's contrastive term); each is called
         # with the outputs of the batch's forward pass and returns a scalar added to the loss.
         self.loss_terms: dict[str, Callable[..., Tensor]] = {}
+        self.input_norm: nn.Module = nn.Identity()
 
     @abstractmethod
     def training_loss(self, batch: Any) -> Tensor:

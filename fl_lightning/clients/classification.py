@@ -59,7 +59,7 @@ class ClassificationClient(ClientModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (N, num_classes)."""
-        return self.net(x)
+        return self.net(self.input_norm(x))
 
     def training_loss(self, batch: Any) -> Tensor:
         """Cross-entropy of the batch ``(x, y)`` with the per-client loss modifiers, plus registered terms.
@@ -70,7 +70,7 @@ class ClassificationClient(ClientModule):
         """
         x, y = batch[0], batch[1]
         if self.loss_terms:
-            features = self.net.features(x)
+            features = self.net.features(self.input_norm(x))
             logits = self.net.classifier(features)
         else:
             features, logits = None, self(x)
