@@ -1,7 +1,23 @@
 """Federation mechanisms, one per file; add them to ``trainer.callbacks`` in a config."""
 
 from callbacks.base import FederatedCallback
+from callbacks.classifier_shift import ClassifierShift
 from callbacks.fedbn import FedBN
+from callbacks.fednova import FedNova
+from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx
+from callbacks.moon import Moon
+from callbacks.reweighting import Reweighting
+from callbacks.scaffold import Scaffold
 
-__all__ = ["FedBN", "FedProx", "FederatedCallback"]
+__all__ = [
+    "ClassifierShift",
+    "FedBN",
+    "FedNova",
+    "FedOpt",
+    "FedProx",
+    "FederatedCallback",
+    "Moon",
+    "Reweighting",
+    "Scaffold",
+]
