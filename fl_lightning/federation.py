@@ -235,6 +235,7 @@ class Federation:
         }
         for model, stats in evaluation.get("summary", {}).items():
             round_row.update({f"eval/{model}/{m}": s["mean"] for m, s in stats.items()})
+        round_row.update({f"eval/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
         rows = records.client_rows(
             r + 1, list(self.data.client_ids), self._expand(selected), self._expand(failed), trained, evaluation
         )
