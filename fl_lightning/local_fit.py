@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from typing import Any
 
@@ -15,6 +16,16 @@ from typing_extensions import override
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 # Emitted by Lightning 2.6 itself on every fit with torch 2.14; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+
+class _DropFitStoppedMessage(logging.Filter):
+    """Every client fit ends at its raised epoch budget, so Lightning's 'fit stopped' notice is noise here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`Trainer.fit` stopped" not in record.getMessage()
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropFitStoppedMessage())
 
 
 class _FitProbe(L.Callback):
