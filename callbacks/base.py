@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import lightning as L
 
 if TYPE_CHECKING:  # imported for type hints only; the Federation imports callbacks, not the reverse
+    from torch.utils.data import DataLoader
+
     from fl_lightning.federation import ClientUpdate, Federation, ModelGroup
     from fl_lightning.ops.state import StateDict
 
@@ -49,6 +51,10 @@ class FederatedCallback(L.Callback):
     def on_client_start(self, federation: Federation, client_id: str, module: L.LightningModule) -> None:
         """After the client's weights are loaded into ``module``, before its local fit."""
 
+    def wrap_train_loader(self, federation: Federation, client_id: str, loader: DataLoader) -> DataLoader:
+        """Return the loader the client trains on this round (e.g. real batches joined by replay samples)."""
+        return loader
+
     def on_client_end(
         self, federation: Federation, client_id: str, module: L.LightningModule, update: ClientUpdate
     ) -> None:
@@ -59,6 +65,13 @@ class FederatedCallback(L.Callback):
     ) -> StateDict:
         """Server side: return the group's new global state given the previous one and the average."""
         return averaged
+
+    def moves_models(self) -> bool:
+        """Peer-to-peer only: whether models travel to the successor (False keeps them on their node)."""
+        return True
+
+    def on_pass_on(self, federation: Federation, successor: dict[str, str]) -> None:
+        """Peer-to-peer only: the round's cycle (node → successor), to pass what the callback holds."""
 
     def on_round_end(self, federation: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
         """After aggregation and evaluation of round ``round_idx``."""

@@ -23,7 +23,7 @@ from fl_lightning.evaluation import summarise
 from fl_lightning.local_fit import LocalFitter
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state, select_keys
 from fl_lightning.ops.state import StateDict
-from fl_lightning.plots import plot_curves, plot_partition
+from fl_lightning.plots import plot_curves, plot_node_matrix, plot_partition
 from fl_lightning.report import RoundReporter
 from fl_lightning.resume import resolve_resume
 from fl_lightning.run_dir import RunDirectory, json_safe
@@ -145,6 +145,10 @@ class Federation:
         self.run_dir.write_summary(summary)
         if cfg.plots:
             plot_curves(self.run_dir.client_rows, self.run_dir.path / "curves.png", self.module.primary_metric)
+            if "node_matrix" in summary:
+                plot_node_matrix(
+                    summary["node_matrix"], self.run_dir.path / "node_matrix.png", self.module.primary_metric
+                )
         self.reporter.finish(summary, str(self.run_dir.path), self.module.primary_metric)
         return summary
 
@@ -281,6 +285,8 @@ class Federation:
             loader = self.data.pooled_train_loader(steps=steps)
         else:
             loader = self.data.client_train_loader(client_id, steps=steps)
+        for cb in self.callbacks:
+            loader = cb.wrap_train_loader(self, client_id, loader)
         try:
             num_steps, opt_state = self.fitter.fit(
                 module,
@@ -328,12 +334,20 @@ class Federation:
         group.state = averaged
 
     def pass_on(self, r: int) -> None:
-        """Peer-to-peer exchange: every node's model goes to its successor in a fresh random cycle."""
+        """Peer-to-peer exchange: a fresh random cycle; every node passes its model to its successor.
+
+        Callbacks see the cycle in ``on_pass_on`` (to pass what they hold, e.g. replay buffers); when a
+        callback's ``moves_models()`` is False (FedER-A), models stay where they are.
+        """
+        move = all(cb.moves_models() for cb in self.callbacks)
         for group in self.groups:
             successor = random_cycle(group.members, r, self.seed)
-            held = {c: self.private[(group.name, c)] for c in group.members if (group.name, c) in self.private}
-            for c, state in held.items():
-                self.private[(group.name, successor[c])] = state
+            for cb in self.callbacks:
+                cb.on_pass_on(self, successor)
+            if move:
+                held = {c: self.private[(group.name, c)] for c in group.members if (group.name, c) in self.private}
+                for c, state in held.items():
+                    self.private[(group.name, successor[c])] = state
 
     def group_of(self, client_id: str) -> ModelGroup:
         """The group whose global model serves ``client_id`` at evaluation."""
@@ -347,8 +361,12 @@ class Federation:
 
         ``global``: the client's group model. ``personal``: the group model with the client's private
         state (identical to ``global`` when nothing is private, as in FedAvg, and then not recomputed).
-        ``pooled``: the global model on all clients' test sets concatenated.
+        ``pooled``: the global model on all clients' test sets concatenated. Peer-to-peer runs have
+        no global model; there every node's model is evaluated on every node's test set
+        (``node_matrix[holder][test node]``, summarised over all pairs as ``cross``).
         """
+        if self.config.topology == "peer_to_peer":
+            return self._evaluate_nodes()
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
         module, device = self.module, self.device
         module.to(device)
@@ -373,6 +391,23 @@ class Federation:
             out["pooled"] = module.evaluate(self.data.pooled_test_loader(), device)
         return out
 
+    def _evaluate_nodes(self) -> dict[str, Any]:
+        """Peer-to-peer: each node's held model on each node's test set."""
+        module, device, group = self.module, self.device, self.groups[0]
+        module.to(device)
+        ids = list(self.data.client_ids)
+        matrix: dict[str, dict[str, dict[str, float]]] = {}
+        for holder in ids:
+            module.load_state_dict({**group.state, **self.private.get((group.name, holder), {})})
+            matrix[holder] = {t: module.evaluate(self.data.client_test_loader(t), device) for t in ids}
+        personal = {c: matrix[c][c] for c in ids}
+        pairs = {f"{h}->{t}": m for h, row in matrix.items() for t, m in row.items()}
+        return {
+            "clients": {"personal": personal},
+            "summary": {"personal": summarise(personal), "cross": summarise(pairs)},
+            "node_matrix": matrix,
+        }
+
     def summary(self) -> dict[str, Any]:
         """The final evaluation table (what ``summary.json`` holds)."""
         evaluation = self.last_evaluation
@@ -385,6 +420,8 @@ class Federation:
         }
         test_samples = {c: self.data.num_test_samples(c) for c in self.data.client_ids}
         pooled = sum(test_samples.values()) if "pooled" in evaluation else None
+        if "node_matrix" in evaluation:
+            meta["node_matrix"] = evaluation["node_matrix"]
         return json_safe(records.summary_table(evaluation, test_samples, pooled, meta))
 
     # ------------------------------------------------------------------ checkpoints

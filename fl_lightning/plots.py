@@ -80,6 +80,31 @@ def plot_partition(
     _save(fig, path)
 
 
+def plot_node_matrix(matrix: dict[str, dict[str, dict[str, Any]]], path: Path, metric: str = "acc") -> None:
+    """Heat map of each node's model (rows) on each node's test set (columns).
+
+    Args:
+        matrix: ``{holder: {test node: {metric: value}}}`` (values may be None when undefined).
+        path: Output PNG.
+        metric: The metric to show.
+
+    """
+    nodes = list(matrix)
+    values = np.array([[_num(matrix[h][t].get(metric)) or np.nan for t in nodes] for h in nodes], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.2 * len(nodes) + 2, 1.0 * len(nodes) + 1.5))
+    image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis")
+    for i in range(len(nodes)):
+        for j in range(len(nodes)):
+            ax.text(j, i, f"{values[i, j]:.3f}", ha="center", va="center", color="w" if values[i, j] < 0.6 else "k")
+    ax.set_xticks(range(len(nodes)), nodes, rotation=45 if len(nodes) > 5 else 0)
+    ax.set_yticks(range(len(nodes)), nodes)
+    ax.set_xlabel("test set of node")
+    ax.set_ylabel("model held by node")
+    ax.set_title(f"test {metric}: every node's model on every node's data")
+    fig.colorbar(image, ax=ax)
+    _save(fig, path)
+
+
 def _num(value: Any) -> float | None:
     try:
         out = float(value)

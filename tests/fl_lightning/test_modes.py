@@ -106,7 +106,16 @@ def test_peer_to_peer_passes_each_model_to_its_successor(tmp_path):
     summary = fed.run()
     ids = data.client_ids
 
-    assert set(summary["summary"]) == {"personal"} and "pooled" not in summary
+    assert set(summary["summary"]) == {"personal", "cross"} and "pooled" not in summary
+    # every node's model on every node's test set; the diagonal is the node's own ("personal") result
+    matrix = summary["node_matrix"]
+    assert set(matrix) == set(ids) and all(set(row) == set(ids) for row in matrix.values())
+    assert all(matrix[c][c] == summary["clients"][c]["personal"] for c in ids)
+    accs = [matrix[h][t]["acc"] for h in ids for t in ids]
+    assert summary["summary"]["cross"]["acc"]["mean"] == pytest.approx(sum(accs) / len(accs))
+    fed.module.load_state_dict({**fed.groups[0].state, **fed.private[("global", ids[0])]})
+    by_hand = fed.module.evaluate(data.client_test_loader(ids[1]), torch.device("cpu"))
+    assert by_hand == pytest.approx(matrix[ids[0]][ids[1]], nan_ok=True)
     for cid in ids:  # round 1: every node starts from the common initial model
         assert_equal_state(recorder.starts[(0, cid)], init)
     for r in range(rounds):
@@ -264,3 +273,29 @@ def test_same_build_same_results(tmp_path):
     assert not torch.equal(
         state_a["net.classifier.weight"], tiny_model(tiny_data()).state_dict()["net.classifier.weight"]
     )
+
+
+class KeepModels(FederatedCallback):
+    """Like FedER-A: models stay on their node; records the cycle handed to callbacks."""
+
+    def __init__(self):
+        self.cycles, self.trained = [], {}
+
+    def moves_models(self):
+        return False
+
+    def on_pass_on(self, federation, successor):
+        self.cycles.append(dict(successor))
+
+    def on_client_end(self, federation, client_id, module, update):
+        self.trained[client_id] = {k: v.clone() for k, v in update.state.items()}
+
+
+def test_peer_to_peer_callbacks_see_the_cycle_and_can_keep_models_home(tmp_path):
+    data = tiny_data(num_clients=3)
+    keep = KeepModels()
+    fed = build_federation(tmp_path, [keep], data=data, rounds=2, topology="peer_to_peer")
+    fed.run()
+    assert keep.cycles == [random_cycle(data.client_ids, r, seed=0) for r in range(2)]
+    for cid in data.client_ids:  # each node still holds the model it trained itself
+        assert_equal_state(fed.private[("global", cid)], keep.trained[cid])
