@@ -2,6 +2,7 @@
 
 from callbacks.base import FederatedCallback
 from callbacks.classifier_shift import ClassifierShift
+from callbacks.clustered_fl import ClusteredFL
 from callbacks.fedbn import FedBN
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
@@ -12,6 +13,7 @@ from callbacks.scaffold import Scaffold
 
 __all__ = [
     "ClassifierShift",
+    "ClusteredFL",
     "FedBN",
     "FedNova",
     "FedOpt",

@@ -194,6 +194,8 @@ class Federation:
         samples = 0
         for group in self.groups:
             members = [c for c in selected if c in group.members]
+            if not members:
+                continue  # with client sampling, a group may have no member this round
             weights = aggregation_weights([self.num_samples(c) for c in members], cfg.aggregation)
             mean = RunningWeightedMean()
             for cid, weight in zip(members, weights):
@@ -348,6 +350,28 @@ class Federation:
                 held = {c: self.private[(group.name, c)] for c in group.members if (group.name, c) in self.private}
                 for c, state in held.items():
                     self.private[(group.name, successor[c])] = state
+
+    def split_group(self, group: ModelGroup, parts: list[list[str]]) -> list[ModelGroup]:
+        """Replace ``group`` by one group per part, each starting from the group's current global state.
+
+        The clients' private and optimiser states follow them into their new group.
+
+        Raises:
+            ValueError: If the parts do not partition the group's members.
+        """
+        if sorted(c for part in parts for c in part) != sorted(group.members) or any(not p for p in parts):
+            raise ValueError(f"split of group {group.name!r}: {parts} is not a partition of {group.members}")
+        children = [
+            ModelGroup(f"{group.name}.{i}", clone_state(group.state), list(part)) for i, part in enumerate(parts)
+        ]
+        for child in children:
+            for store in (self.private, self.optimizer_states):
+                for cid in child.members:
+                    if (group.name, cid) in store:
+                        store[(child.name, cid)] = store.pop((group.name, cid))
+        at = self.groups.index(group)
+        self.groups[at : at + 1] = children
+        return children
 
     def group_of(self, client_id: str) -> ModelGroup:
         """The group whose global model serves ``client_id`` at evaluation."""
