@@ -1,5 +1,6 @@
 """Federation mechanisms, one per file; add them to ``trainer.callbacks`` in a config."""
 
+from callbacks.amplitude_norm import AmplitudeNormalization
 from callbacks.base import FederatedCallback
 from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
@@ -10,8 +11,10 @@ from callbacks.fedprox import FedProx
 from callbacks.moon import Moon
 from callbacks.reweighting import Reweighting
 from callbacks.scaffold import Scaffold
+from callbacks.weight_perturbation import WeightPerturbation
 
 __all__ = [
+    "AmplitudeNormalization",
     "ClassifierShift",
     "ClusteredFL",
     "FedBN",
@@ -22,4 +25,5 @@ __all__ = [
     "Moon",
     "Reweighting",
     "Scaffold",
+    "WeightPerturbation",
 ]

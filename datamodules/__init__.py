@@ -2,6 +2,7 @@
 
 from datamodules.base import ClientSplit, FederatedDataModule
 from datamodules.digits import DigitsFederated
+from datamodules.digits_seg import DigitsSegFederated
 from datamodules.image_folder import ImageFolderFederated
 from datamodules.medmnist import MedMNISTFederated
 from datamodules.partition import (
@@ -14,6 +15,7 @@ from datamodules.partition import (
     partition_pathological,
 )
 from datamodules.sampler import SeededEpochSampler, stable_seed
+from datamodules.seg_folder import SegFolderFederated
 from datamodules.shifts import SiteStyle, apply_style, default_site_styles
 from datamodules.split import split_train_test
 
@@ -21,10 +23,12 @@ __all__ = [
     "PARTITION_SCHEMES",
     "ClientSplit",
     "DigitsFederated",
+    "DigitsSegFederated",
     "FederatedDataModule",
     "ImageFolderFederated",
     "MedMNISTFederated",
     "SeededEpochSampler",
+    "SegFolderFederated",
     "SiteStyle",
     "apply_style",
     "default_site_styles",

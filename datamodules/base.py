@@ -23,9 +23,9 @@ class ClientSplit:
     Attributes:
         client_id: The client's id (e.g. ``"site0"``).
         train_x: Training images, float32 (N, C, H, W) in [0, 1].
-        train_y: Training labels, int64 (N,).
+        train_y: Training labels, int64 (N,), or segmentation masks, int64 (N, H, W) of class ids.
         test_x: Test images, float32 (M, C, H, W) in [0, 1].
-        test_y: Test labels, int64 (M,).
+        test_y: Test labels, int64 (M,), or masks (M, H, W).
         train_domain: Optional domain (site style) id per training sample, int64 (N,).
         test_domain: Optional domain (site style) id per test sample, int64 (M,).
 
@@ -138,13 +138,16 @@ class FederatedDataModule(L.LightningDataModule):
                         f"client {s.client_id!r} {name} images must be float32 (N, {', '.join(map(str, shape))}), "
                         f"got {x.dtype} {tuple(x.shape)} ({self._source})"
                     )
-                if y.dtype != torch.int64 or y.shape != (len(x),):
+                # One label per image (classification) or one per pixel (segmentation masks).
+                label_shapes = ((len(x),), (len(x), *shape[1:]))
+                if y.dtype != torch.int64 or tuple(y.shape) not in label_shapes:
+                    expected = " or ".join(map(str, label_shapes))
                     raise ValueError(
-                        f"client {s.client_id!r} {name} labels must be int64 ({len(x)},), got {y.dtype} "
+                        f"client {s.client_id!r} {name} labels must be int64 of shape {expected}, got {y.dtype} "
                         f"{tuple(y.shape)} ({self._source})"
                     )
-                if dom is not None and dom.shape != y.shape:
-                    raise ValueError(f"client {s.client_id!r} {name} domains do not match its labels' shape")
+                if dom is not None and tuple(dom.shape) != (len(x),):
+                    raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per image ({len(x)},)")
                 if x.numel() and (x.min() < 0 or x.max() > 1):
                     raise ValueError(f"client {s.client_id!r} {name} images are outside [0, 1] ({self._source})")
         if self._declared_num_classes is not None:
@@ -233,7 +236,7 @@ class FederatedDataModule(L.LightningDataModule):
             split: ``"train"`` or ``"test"``.
 
         Returns:
-            An int64 tensor of shape (num_classes,).
+            An int64 tensor of shape (num_classes,): images per class, or pixels per class for segmentation masks.
 
         Raises:
             ValueError: If ``split`` is not ``"train"`` or ``"test"``.
@@ -243,7 +246,7 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         data = self.client_data(client_id)
         labels = data.train_y if split == "train" else data.test_y
-        return torch.bincount(labels, minlength=self.num_classes).to(torch.int64)
+        return torch.bincount(labels.reshape(-1), minlength=self.num_classes).to(torch.int64)
 
     # ----------------------------------------------------------------------------------------------- loaders
 
@@ -279,6 +282,36 @@ class FederatedDataModule(L.LightningDataModule):
         """
         data = self.client_data(client_id)
         return self._train_loader(data.train_x, data.train_y, client_id, steps)
+
+    def client_subset_train_loader(
+        self, client_id: str, indices: Tensor, sampler: SeededEpochSampler, steps: int | None = None
+    ) -> DataLoader:
+        """Shuffled training loader over a subset of one client's samples (sample-clustered FL).
+
+        The caller owns ``sampler`` (one persistent sampler per subset, over ``len(indices)`` positions), so the
+        subset's batches depend only on its seed and pass count, like a client's full loader.
+
+        Args:
+            client_id: The client's id.
+            indices: int64 indices into the client's training set.
+            sampler: The subset's persistent sampler (``data_len == len(indices)``).
+            steps: Number of batches per pass; ``None`` means one epoch over the subset.
+
+        Returns:
+            A DataLoader over ``(train_x[indices], train_y[indices])``.
+
+        Raises:
+            ValueError: If the sampler's length differs from the subset's or ``steps`` is not positive.
+
+        """
+        if sampler.data_len != len(indices):
+            raise ValueError(f"subset sampler of {client_id!r} covers {sampler.data_len} samples, not {len(indices)}")
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps must be >= 1 or None, got {steps}")
+        data = self.client_data(client_id)
+        view = sampler.with_num_samples(steps * self.batch_size if steps is not None else None)
+        dataset = TensorDataset(data.train_x[indices], data.train_y[indices])
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=view, num_workers=0, drop_last=False)
 
     def client_test_loader(self, client_id: str) -> DataLoader:
         """Unshuffled test loader of one client, yielding ``(x, y)`` batches.

@@ -2,5 +2,6 @@
 
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.clients.classification import ClassificationClient
+from fl_lightning.clients.segmentation import SegmentationClient
 
-__all__ = ["ClassificationClient", "ClientModule"]
+__all__ = ["ClassificationClient", "ClientModule", "SegmentationClient"]

@@ -1,0 +1,138 @@
+"""Semantic segmentation client: per-pixel classes, loss CE + soft Dice, Dice and mIoU metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.classification import MulticlassJaccardIndex
+
+from fl_lightning.clients.base import ClientModule
+from fl_lightning.models.segmenters import build_segmenter
+from fl_lightning.models.unet import SegNormKind
+from fl_lightning.segmentation_metrics import (
+    pixel_confusion,
+    segmentation_metrics,
+    soft_dice_from_sums,
+    soft_dice_loss,
+    soft_dice_sums,
+)
+
+
+class SegmentationClient(ClientModule):
+    """A client that trains a segmentation network with cross-entropy + soft Dice (foreground classes).
+
+    Batches are ``(images (N, C, H, W), masks (N, H, W) int64)`` with class 0 the background.
+    ``evaluate`` reports, over all pixels of the test set: ``dice`` (mean Dice of the foreground
+    classes; the primary metric), ``dice_with_background`` (mean over all classes, background
+    included), ``miou`` (torchmetrics' macro Jaccard index, background included, classes absent from
+    targets and predictions left out), ``acc`` (pixel accuracy) and ``loss`` (CE + soft Dice).
+
+    Args:
+        num_classes: Classes including background (linked from the data).
+        in_channels: Image channels (linked from the data).
+        image_size: Input (height, width) (linked from the data).
+        arch: ``unet`` (the small UNet) or ``smp_unet`` (segmentation-models-pytorch, random encoder weights).
+        width: Channels of the UNet's first level (smp: of its last decoder block).
+        depth: Down-sampling steps (smp: encoder depth, 3–5).
+        norm: Normalisation of the small UNet: ``batch``, ``instance`` (no running statistics), ``group``, ``none``.
+        encoder: Encoder of ``smp_unet``.
+        dice_weight: Weight of the soft Dice term (0: cross-entropy only).
+        optimizer: Local optimiser: ``adam``, ``adamw`` or ``sgd``.
+        lr: Local learning rate.
+        momentum: SGD momentum (ignored by Adam).
+        weight_decay: L2 weight decay of the local optimiser.
+
+    """
+
+    primary_metric = "dice"
+
+    def __init__(
+        self,
+        num_classes: int = 5,
+        in_channels: int = 1,
+        image_size: tuple[int, int] = (32, 32),
+        arch: Literal["unet", "smp_unet"] = "unet",
+        width: int = 16,
+        depth: int = 2,
+        norm: SegNormKind = "batch",
+        encoder: str = "resnet18",
+        dice_weight: float = 1.0,
+        optimizer: Literal["adam", "adamw", "sgd"] = "adam",
+        lr: float = 1e-3,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"model.num_classes must be >= 2 (background + a class), got {num_classes}")
+        if lr <= 0:
+            raise ValueError(f"model.lr must be positive, got {lr}")
+        if dice_weight < 0:
+            raise ValueError(f"model.dice_weight must be >= 0, got {dice_weight}")
+        self.save_hyperparameters()
+        self.net = build_segmenter(
+            arch, in_channels, num_classes, tuple(image_size), width=width, depth=depth, norm=norm, encoder=encoder
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits, shape (N, num_classes, H, W)."""
+        return self.net(self.input_norm(x))
+
+    def training_loss(self, batch: Any) -> Tensor:
+        """Pixel cross-entropy + ``dice_weight`` · soft Dice (foreground) of ``(x, mask)``, plus registered terms."""
+        x, y = batch[0], batch[1]
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        if self.hparams.dice_weight:
+            loss = loss + self.hparams.dice_weight * soft_dice_loss(logits, y)
+        for term in self.loss_terms.values():
+            loss = loss + term(x=x, y=y, logits=logits, features=None)
+        return loss
+
+    @torch.inference_mode()
+    def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
+        """Dice (foreground), Dice with background, mIoU, pixel accuracy and loss over all ``batches``.
+
+        Counts are accumulated on the device batch by batch (never all logits at once), so the metrics
+        are exact whatever the batch size and memory stays at one batch.
+        """
+        was_training = self.training
+        self.eval()
+        num_classes = self.hparams.num_classes
+        confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+        jaccard = MulticlassJaccardIndex(num_classes, average="macro", validate_args=False).to(device)
+        inter = torch.zeros(num_classes, device=device)
+        denom = torch.zeros(num_classes, device=device)
+        ce_sum, pixels = torch.zeros((), dtype=torch.float64, device=device), 0
+        for batch in batches:
+            x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+            logits = self(x).float()
+            preds = logits.argmax(1)
+            confusion += pixel_confusion(preds, y, num_classes)
+            jaccard.update(preds, y)
+            i, d = soft_dice_sums(logits, y)
+            inter, denom = inter + i, denom + d
+            ce_sum += F.cross_entropy(logits, y, reduction="sum").double()
+            pixels += y.numel()
+        self.train(was_training)
+        if not pixels:
+            return {}
+        loss = float(ce_sum) / pixels
+        if self.hparams.dice_weight:
+            loss += self.hparams.dice_weight * float(soft_dice_from_sums(inter, denom))
+        return {**segmentation_metrics(confusion.cpu()), "miou": float(jaccard.compute()), "loss": loss}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """A fresh local optimiser for each client fit (Adam 1e-3 by default; HarmoFL's paper uses Adam)."""
+        hp = self.hparams
+        if hp.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        if hp.optimizer == "adam":
+            return torch.optim.Adam(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        if hp.optimizer == "adamw":
+            return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        raise ValueError(f"model.optimizer must be sgd, adam or adamw, got {hp.optimizer!r}")
