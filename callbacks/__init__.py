@@ -4,6 +4,7 @@ from callbacks.amplitude_norm import AmplitudeNormalization
 from callbacks.base import FederatedCallback
 from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
+from callbacks.domain_isolation import DomainIsolation
 from callbacks.fedbn import FedBN
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
@@ -17,6 +18,7 @@ __all__ = [
     "AmplitudeNormalization",
     "ClassifierShift",
     "ClusteredFL",
+    "DomainIsolation",
     "FedBN",
     "FedNova",
     "FedOpt",

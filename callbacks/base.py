@@ -22,7 +22,7 @@ class FederatedCallback(L.Callback):
 
     Once: ``prepare_module`` → ``private_keys`` → ``on_federation_start``. Each round:
     ``on_round_start`` → per client: ``on_client_start`` → local fit → ``on_client_end`` →
-    per group: ``on_aggregate`` → evaluation → ``on_round_end``.
+    per group: ``on_aggregate`` → evaluation (with ``extra_evaluation``) → ``on_round_end``.
 
     Raise :class:`fl_lightning.errors.PreconditionError` when the method cannot work with the
     configured model or optimiser: the run stops with that message instead of dropping clients.
@@ -74,4 +74,20 @@ class FederatedCallback(L.Callback):
         """Peer-to-peer only: the round's cycle (node → successor), to pass what the callback holds."""
 
     def on_round_end(self, federation: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
-        """After aggregation and evaluation of round ``round_idx``."""
+        """After aggregation, evaluation and recording of round ``round_idx``.
+
+        ``metrics`` is the round's row of ``rounds.csv``; entries a callback adds to it are written too.
+        """
+
+    def summary_entries(self, federation: Federation) -> dict[str, Any]:
+        """Entries the callback adds to ``summary.json`` (e.g. a clustering's quality)."""
+        return {}
+
+    def extra_evaluation(self, federation: Federation) -> dict[str, dict[str, dict[str, float]]]:
+        """Models the callback evaluates itself, merged into the evaluation next to ``global``.
+
+        Returns:
+            ``{model_name: {client_id: metrics}}`` (e.g. cluster models with each test image routed to
+            one of them); each model is summarised with mean/std/worst like ``global``.
+        """
+        return {}

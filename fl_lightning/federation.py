@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -13,6 +14,7 @@ import torch
 
 from callbacks.base import FederatedCallback
 from datamodules.base import FederatedDataModule
+from datamodules.sampler import SeededEpochSampler, stable_seed
 from fl_lightning import records
 from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from fl_lightning.clients.base import ClientModule
@@ -71,6 +73,8 @@ class Federation:
         self.groups: list[ModelGroup] = []
         self.private: dict[tuple[str, str], StateDict] = {}  # (group, client) -> state that never leaves it
         self.optimizer_states: dict[tuple[str, str], dict[str, Any]] = {}
+        # (group, client) -> persistent shuffling of a sample-level group's subset (sample-clustered FL)
+        self.subset_samplers: dict[tuple[str, str], SeededEpochSampler] = {}
         self.private_keys: set[str] = set()
         self.round = 0
         self.run_dir: RunDirectory | None = None
@@ -196,7 +200,8 @@ class Federation:
             members = [c for c in selected if c in group.members]
             if not members:
                 continue  # with client sampling, a group may have no member this round
-            weights = aggregation_weights([self.num_samples(c) for c in members], cfg.aggregation)
+            # n_{i,m}: the client's samples in this group (all its samples unless the group holds subsets)
+            weights = aggregation_weights([self.num_samples(c, group) for c in members], cfg.aggregation)
             mean = RunningWeightedMean()
             for cid, weight in zip(members, weights):
                 t0 = time.perf_counter()
@@ -247,8 +252,13 @@ class Federation:
         )
         self.run_dir.add_rows(rows, round_row)
         self.tracker.log_round(r + 1, records.logged_metrics(round_row, trained, evaluation))
+        recorded = set(round_row)
         for cb in self.callbacks:
             cb.on_round_end(self, r, round_row)
+        added = {k: v for k, v in round_row.items() if k not in recorded}
+        if added:  # a callback added round metrics (e.g. a clustering's Rand index): record them too
+            self.run_dir.rewrite_rounds()
+            self.tracker.log_round(r + 1, added)
         line = records.round_line(
             r + 1, cfg.rounds, trained, evaluation, round_row["time/round"], self.module.primary_metric
         )
@@ -270,8 +280,10 @@ class Federation:
             return ids
         return select_clients(ids, r, self.seed, num_selected(len(ids), cfg.client_fraction, cfg.clients_per_round))
 
-    def num_samples(self, client_id: str) -> int:
-        """Training samples of a client (of all clients for the pooled pseudo-client)."""
+    def num_samples(self, client_id: str, group: ModelGroup | None = None) -> int:
+        """Training samples of a client (all clients' for the pooled pseudo-client; n_{i,m} in a sample-level group)."""
+        if group is not None and group.subsets is not None and client_id in group.subsets:
+            return len(group.subsets[client_id])
         if client_id == POOLED:
             return sum(self.data.num_train_samples(c) for c in self.data.client_ids)
         return self.data.num_train_samples(client_id)
@@ -285,6 +297,10 @@ class Federation:
         steps = cfg.local_steps
         if client_id == POOLED:
             loader = self.data.pooled_train_loader(steps=steps)
+        elif group.subsets is not None and client_id in group.subsets:
+            loader = self.data.client_subset_train_loader(
+                client_id, group.subsets[client_id], self.subset_sampler(group, client_id), steps=steps
+            )
         else:
             loader = self.data.client_train_loader(client_id, steps=steps)
         for cb in self.callbacks:
@@ -318,7 +334,7 @@ class Federation:
             client_id=client_id,
             group=group.name,
             state=state,
-            num_samples=self.num_samples(client_id),
+            num_samples=self.num_samples(client_id, group),
             weight=weight,
             num_steps=num_steps,
             metrics={"train_loss": report["train_loss"]},
@@ -373,8 +389,59 @@ class Federation:
         self.groups[at : at + 1] = children
         return children
 
+    def split_samples(self, group: ModelGroup, assignments: dict[str, torch.Tensor], n_parts: int) -> list[ModelGroup]:
+        """Replace ``group`` by ``n_parts`` sample-level groups: part m trains on each client's samples assigned m.
+
+        Every part starts from the group's current global state; a client belongs to every part it has
+        samples of, with weight n_{i,m}, and its private and optimiser states are copied into each of them.
+
+        Args:
+            group: The group to split (its members must all be in ``assignments``).
+            assignments: Per member, the part id (0 … n_parts − 1) of each of its training samples.
+            n_parts: Number of parts.
+
+        Returns:
+            The new groups (parts without any sample are left out).
+
+        Raises:
+            ValueError: If a member has no assignment or an assignment does not cover its training samples.
+        """
+        for cid in group.members:
+            a = assignments.get(cid)
+            if a is None or len(a) != self.num_samples(cid, group) or (len(a) and int(a.max()) >= n_parts):
+                raise ValueError(f"split of group {group.name!r}: no valid assignment for client {cid!r}")
+        children = []
+        for m in range(n_parts):
+            subsets = {}
+            for cid in group.members:
+                own = torch.nonzero(assignments[cid] == m).flatten()
+                base = group.subsets[cid] if group.subsets is not None else None
+                if len(own):
+                    subsets[cid] = base[own] if base is not None else own
+            if subsets:
+                children.append(ModelGroup(f"{group.name}.{m}", clone_state(group.state), list(subsets), subsets))
+        for child in children:
+            for store in (self.private, self.optimizer_states):
+                for cid in child.members:
+                    if (group.name, cid) in store:
+                        store[(child.name, cid)] = copy.deepcopy(store[(group.name, cid)])
+        for store in (self.private, self.optimizer_states):
+            for cid in group.members:
+                store.pop((group.name, cid), None)
+        at = self.groups.index(group)
+        self.groups[at : at + 1] = children
+        return children
+
+    def subset_sampler(self, group: ModelGroup, client_id: str) -> SeededEpochSampler:
+        """The persistent sampler of a client's subset in a sample-level group (created on first use)."""
+        key = (group.name, client_id)
+        if key not in self.subset_samplers:
+            seed = stable_seed(self.data.seed, "subset", group.name, client_id)
+            self.subset_samplers[key] = SeededEpochSampler(len(group.subsets[client_id]), seed)
+        return self.subset_samplers[key]
+
     def group_of(self, client_id: str) -> ModelGroup:
-        """The group whose global model serves ``client_id`` at evaluation."""
+        """The group whose global model serves ``client_id`` at evaluation (the first, if it is in several)."""
         for group in self.groups:
             if client_id in group.members or POOLED in group.members:
                 return group
@@ -406,6 +473,9 @@ class Federation:
                 per_model["personal"][cid] = module.evaluate(loader, device)
             elif self.has_global_model:
                 per_model["personal"][cid] = dict(per_model["global"][cid])
+        for cb in self.callbacks:  # e.g. cluster models with each test image routed to one of them
+            for name, per_client in cb.extra_evaluation(self).items():
+                per_model[name] = per_client
         out: dict[str, Any] = {
             "clients": per_model,
             "summary": {m: summarise(v) for m, v in per_model.items() if v},
@@ -442,6 +512,8 @@ class Federation:
             "rounds": self.round,
             "methods": [type(cb).__name__ for cb in self.callbacks] or ["FedAvg"],
         }
+        for cb in self.callbacks:
+            meta.update(cb.summary_entries(self))
         test_samples = {c: self.data.num_test_samples(c) for c in self.data.client_ids}
         pooled = sum(test_samples.values()) if "pooled" in evaluation else None
         if "node_matrix" in evaluation:
@@ -454,7 +526,11 @@ class Federation:
         return {
             "version": CHECKPOINT_VERSION,
             "round": self.round,
-            "groups": [{"name": g.name, "state": g.state, "members": list(g.members)} for g in self.groups],
+            "groups": [
+                {"name": g.name, "state": g.state, "members": list(g.members), "subsets": g.subsets}
+                for g in self.groups
+            ],
+            "subset_samplers": _nest({key: s.epoch for key, s in self.subset_samplers.items()}),
             "private": _nest(self.private),
             "optimizer_states": _nest(self.optimizer_states),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
@@ -478,7 +554,11 @@ class Federation:
         if saved_cbs != our_cbs:
             raise ValueError(f"checkpoint callbacks {sorted(saved_cbs)} differ from the configured {sorted(our_cbs)}")
         self.round = int(state["round"])
-        self.groups = [ModelGroup(g["name"], g["state"], list(g["members"])) for g in state["groups"]]
+        self.groups = [ModelGroup(g["name"], g["state"], list(g["members"]), g.get("subsets")) for g in state["groups"]]
+        self.subset_samplers = {}
+        for (group_name, cid), epoch in _unnest(state.get("subset_samplers", {})).items():
+            group = next(g for g in self.groups if g.name == group_name)
+            self.subset_sampler(group, cid).epoch = int(epoch)
         self.module.load_state_dict(self.groups[0].state)  # fails loudly if the architecture changed
         self.private = _unnest(state["private"])
         self.optimizer_states = _unnest(state["optimizer_states"])

@@ -67,7 +67,8 @@ def summary_table(
     clients = {
         cid: {
             "test_samples": n,
-            **{m: evaluation["clients"][m][cid] for m in MODELS if cid in evaluation["clients"].get(m, {})},
+            # global and personal first, then models that callbacks add (e.g. routed cluster models)
+            **{m: evaluation["clients"][m][cid] for m in _model_order(evaluation) if cid in evaluation["clients"][m]},
         }
         for cid, n in test_samples.items()
     }
@@ -95,3 +96,9 @@ def round_line(
             parts.append(f"{model} {metric} {m['mean']:.4f} ± {m['std']:.4f} (worst {m['worst']:.4f})")
     parts.append(f"{seconds:.1f}s")
     return " │ ".join(parts)
+
+
+def _model_order(evaluation: dict[str, Any]) -> list[str]:
+    """The evaluated models: ``global`` and ``personal`` first, then the others in insertion order."""
+    names = list(evaluation.get("clients", {}))
+    return [m for m in MODELS if m in names] + [m for m in names if m not in MODELS]

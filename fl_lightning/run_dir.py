@@ -102,6 +102,10 @@ class RunDirectory:
         atomic_write_text(self.path / "metrics.csv", _csv_text(self.client_rows))
         atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows))
 
+    def rewrite_rounds(self) -> None:
+        """Rewrite ``rounds.csv`` after entries were added to a recorded round row."""
+        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows))
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         """The final evaluation table as ``summary.json``."""
         self.write_json("summary.json", summary)

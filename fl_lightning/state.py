@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import Tensor
+
 from fl_lightning.ops.state import StateDict
 
 
@@ -19,12 +21,16 @@ class ModelGroup:
         name: Group name, used in metric keys and checkpoints.
         state: The group's global state dict (CPU tensors).
         members: Ids of the clients that train this group's model.
+        subsets: Sample-level groups (sample-clustered FL): per member, the int64 indices of the
+            training samples it trains this model on; its aggregation weight is the subset size
+            n_{i,m}. ``None``: every member trains on all its samples.
 
     """
 
     name: str
     state: StateDict
     members: list[str]
+    subsets: dict[str, Tensor] | None = None
 
 
 @dataclass

@@ -1,0 +1,128 @@
+"""Deep Domain Isolation end to end: client features → per-class federated GMMs → linked sample clustering."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.ops.federated_gmm import federated_em, federated_kmeans_init, log_responsibilities
+from fl_lightning.ops.linking import affinity, spectral_partition
+from fl_lightning.ops.per_sample_grads import class_restricted_gradients, normalise_rows
+
+
+@dataclass
+class ClientFeatures:
+    """One client's DDI features; they never leave the client (only GMM statistics do).
+
+    Attributes:
+        features: Per class c, (N, D) normalised class-c gradients (rows of samples without c are zero).
+        present: (N, C) boolean: does sample a contain class c.
+    """
+
+    features: list[Tensor]
+    present: Tensor
+
+
+def client_features(
+    model: nn.Module,
+    images: Tensor,
+    masks: Tensor,
+    num_classes: int,
+    keep: Tensor | None = None,
+    chunk_size: int = 16,
+) -> ClientFeatures:
+    """Class-restricted per-sample gradients, pruned to ``keep`` and L2-normalised, computed chunk by chunk.
+
+    Chunks of ``chunk_size`` samples are pruned as soon as they are computed, so memory holds one
+    chunk's full gradients, not the whole client's.
+
+    Args:
+        model: The segmentation network at the pre-trained point.
+        images: (N, C_in, H, W) training images.
+        masks: (N, H, W) labels.
+        num_classes: C.
+        keep: Parameter coordinates kept by pruned DDI (None: all).
+        chunk_size: Samples per vmap chunk.
+
+    Returns:
+        The client's features and class presence.
+    """
+    present = torch.stack([(masks == c).flatten(1).any(1) for c in range(num_classes)], dim=1)
+    parts: list[Tensor] = []
+    for start in range(0, len(images), chunk_size):
+        grads = class_restricted_gradients(
+            model, images[start : start + chunk_size], masks[start : start + chunk_size], num_classes, chunk_size
+        )
+        grads = grads.detach().cpu().double()
+        parts.append(grads[:, :, keep] if keep is not None else grads)
+    grads = torch.cat(parts)
+    features = [normalise_rows(grads[:, c]) * present[:, c : c + 1] for c in range(num_classes)]
+    return ClientFeatures(features, present)
+
+
+def class_responsibilities(
+    clients: Sequence[ClientFeatures], components: int, seed: int
+) -> tuple[list[Tensor], list[bool]]:
+    """Per class, a federated diagonal GMM over the clients' class-c features; each sample's responsibilities.
+
+    Only Σγ, Σγx, Σγx² (and k-means counts and sums) would travel; here the clients are simulated in
+    one process. Classes with fewer than ``components`` samples in total are not fitted.
+
+    Args:
+        clients: Every client's features.
+        components: K, components per class.
+        seed: Server seed of the k-means initialisation.
+
+    Returns:
+        Per client, a (N_i, C, K) tensor of γ (zero where the class is absent or not fitted), and per class
+        whether it was fitted.
+    """
+    num_classes = clients[0].present.shape[1]
+    gammas = [torch.zeros(len(c.present), num_classes, components, dtype=torch.float64) for c in clients]
+    fitted = []
+    for c in range(num_classes):
+        data = [cl.features[c][cl.present[:, c]] for cl in clients]
+        ok = sum(len(x) for x in data) >= components
+        fitted.append(ok)
+        if not ok:
+            continue
+        init = federated_kmeans_init([x for x in data if len(x)], components, seed + c)
+        gmm, _ = federated_em([x for x in data if len(x)], init)
+        for cl, x, g in zip(clients, data, gammas):
+            if len(x):  # each client computes its own samples' responsibilities
+                g[cl.present[:, c], c] = log_responsibilities(x, gmm)[0].exp()
+    return gammas, fitted
+
+
+def link_clusters(
+    gammas: Sequence[Tensor], present: Sequence[Tensor], fitted: Sequence[bool], n_clusters: int, seed: int
+) -> list[Tensor]:
+    """Server side: affinity of all samples' responsibilities, spectral clustering, one cluster id per sample.
+
+    Args:
+        gammas: Per client, (N_i, C, K) responsibilities.
+        present: Per client, (N_i, C) class presence.
+        fitted: Per class, whether its mixture was fitted (unfitted classes do not link).
+        n_clusters: M.
+        seed: Seed of the spectral clustering.
+
+    Returns:
+        Per client, the int64 cluster id (0 … M − 1) of each training sample.
+    """
+    all_gamma, all_present = torch.cat(list(gammas)), torch.cat(list(present))
+    classes = [c for c, ok in enumerate(fitted) if ok]
+    similarity = affinity([all_gamma[:, c] for c in classes], [all_present[:, c] for c in classes])
+    labels = torch.as_tensor(np.asarray(spectral_partition(similarity, n_clusters, seed)), dtype=torch.int64)
+    return list(labels.split([len(g) for g in gammas]))
+
+
+def majority_mapping(clusters: Tensor, domains: Tensor) -> dict[int, int]:
+    """Oracle routing: every true domain → the cluster holding most of its training samples."""
+    out = {}
+    for d in domains.unique().tolist():
+        out[int(d)] = int(torch.bincount(clusters[domains == d]).argmax())
+    return out
