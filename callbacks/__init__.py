@@ -5,6 +5,7 @@ from callbacks.base import FederatedCallback
 from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
 from callbacks.domain_isolation import DomainIsolation
+from callbacks.experience_replay import ExperienceReplay
 from callbacks.fedbn import FedBN
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
@@ -17,6 +18,7 @@ from callbacks.weight_perturbation import WeightPerturbation
 __all__ = [
     "AmplitudeNormalization",
     "ClassifierShift",
+    "ExperienceReplay",
     "ClusteredFL",
     "DomainIsolation",
     "FedBN",

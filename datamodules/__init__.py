@@ -18,6 +18,7 @@ from datamodules.sampler import SeededEpochSampler, stable_seed
 from datamodules.seg_folder import SegFolderFederated
 from datamodules.shifts import SiteStyle, apply_style, default_site_styles
 from datamodules.split import split_train_test
+from datamodules.synthetic import SyntheticFederated
 
 __all__ = [
     "PARTITION_SCHEMES",
@@ -30,6 +31,7 @@ __all__ = [
     "SeededEpochSampler",
     "SegFolderFederated",
     "SiteStyle",
+    "SyntheticFederated",
     "apply_style",
     "default_site_styles",
     "partition",

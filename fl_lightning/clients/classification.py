@@ -64,6 +64,9 @@ class ClassificationClient(ClientModule):
     def training_loss(self, batch: Any) -> Tensor:
         """Cross-entropy of the batch ``(x, y)`` with the per-client loss modifiers, plus registered terms.
 
+        A batch ``(x, y, w)`` carries per-sample loss weights (e.g. FedER's replay samples weighted by λ, see
+        ``fl_lightning.ops.replay.join_replay``); the cross-entropy is then Σ_i w_i ℓ_i instead of the mean.
+
         With loss terms registered, the network must expose ``features`` and ``classifier`` (the
         representation contract of SmallCNN and MLP) so the terms get the representation of the
         same forward pass.
@@ -75,7 +78,11 @@ class ClassificationClient(ClientModule):
         else:
             features, logits = None, self(x)
         weight = self.class_weight if self.use_class_weight else None
-        loss = F.cross_entropy(logits + self.logit_adjustment, y, weight=weight)
+        if len(batch) > 2:
+            per_sample = F.cross_entropy(logits + self.logit_adjustment, y, weight=weight, reduction="none")
+            loss = (per_sample * batch[2]).sum()
+        else:
+            loss = F.cross_entropy(logits + self.logit_adjustment, y, weight=weight)
         for term in self.loss_terms.values():
             loss = loss + term(x=x, y=y, logits=logits, features=features)
         return loss
