@@ -24,7 +24,7 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.evaluation import summarise
 from fl_lightning.local_fit import LocalFitter
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state, select_keys
-from fl_lightning.ops.state import StateDict
+from fl_lightning.ops.state import StateDict, all_finite, nest_by_group, unnest_by_group
 from fl_lightning.plots import plot_curves, plot_node_matrix, plot_partition
 from fl_lightning.report import RoundReporter
 from fl_lightning.resume import resolve_resume
@@ -321,7 +321,7 @@ class Federation:
             return None
         report = module.fit_report()
         state = clone_state(module.state_dict())
-        if not math.isfinite(report["train_loss"]) or not _all_finite(state):
+        if not math.isfinite(report["train_loss"]) or not all_finite(state):
             warnings.warn(
                 f"client {client_id!r} produced a non-finite loss or weights; left out of this round", stacklevel=2
             )
@@ -530,9 +530,9 @@ class Federation:
                 {"name": g.name, "state": g.state, "members": list(g.members), "subsets": g.subsets}
                 for g in self.groups
             ],
-            "subset_samplers": _nest({key: s.epoch for key, s in self.subset_samplers.items()}),
-            "private": _nest(self.private),
-            "optimizer_states": _nest(self.optimizer_states),
+            "subset_samplers": nest_by_group({key: s.epoch for key, s in self.subset_samplers.items()}),
+            "private": nest_by_group(self.private),
+            "optimizer_states": nest_by_group(self.optimizer_states),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "data": self.data.sampler_state(),
             "rng": rng_state(),
@@ -556,12 +556,12 @@ class Federation:
         self.round = int(state["round"])
         self.groups = [ModelGroup(g["name"], g["state"], list(g["members"]), g.get("subsets")) for g in state["groups"]]
         self.subset_samplers = {}
-        for (group_name, cid), epoch in _unnest(state.get("subset_samplers", {})).items():
+        for (group_name, cid), epoch in unnest_by_group(state.get("subset_samplers", {})).items():
             group = next(g for g in self.groups if g.name == group_name)
             self.subset_sampler(group, cid).epoch = int(epoch)
         self.module.load_state_dict(self.groups[0].state)  # fails loudly if the architecture changed
-        self.private = _unnest(state["private"])
-        self.optimizer_states = _unnest(state["optimizer_states"])
+        self.private = unnest_by_group(state["private"])
+        self.optimizer_states = unnest_by_group(state["optimizer_states"])
         for cb in self.callbacks:
             cb.load_state_dict(state["callbacks"][cb.state_key])
         self.data.load_sampler_state(state["data"])
@@ -576,18 +576,6 @@ class Federation:
         return path
 
 
-def _nest(flat: dict[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
-    """{(group, client): v} → {group: {client: v}} (checkpoints hold string keys only)."""
-    out: dict[str, dict[str, Any]] = {}
-    for (group, client), value in flat.items():
-        out.setdefault(group, {})[client] = value
-    return out
-
-
-def _unnest(nested: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Any]:
-    return {(group, client): value for group, inner in nested.items() for client, value in inner.items()}
-
-
 def _samples_trained(update: ClientUpdate, batch_size: int, fixed_steps: bool) -> int:
     """Samples in the update's batches: all full, except each epoch's last one when a client trains epochs."""
     if fixed_steps:  # the sampler draws exactly steps * batch_size samples
@@ -595,7 +583,3 @@ def _samples_trained(update: ClientUpdate, batch_size: int, fixed_steps: bool) -
     per_epoch = math.ceil(update.num_samples / batch_size)
     epochs, rest = divmod(update.num_steps, per_epoch)
     return epochs * update.num_samples + rest * batch_size
-
-
-def _all_finite(state: StateDict) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())

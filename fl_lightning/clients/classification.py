@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl_lightning.clients.base import ClientModule
+from fl_lightning.clients.optim import build_optimizer
 from fl_lightning.metrics import classification_metrics
 from fl_lightning.models import build_classifier
 from fl_lightning.models.cnn import NormKind
@@ -109,10 +110,4 @@ class ClassificationClient(ClientModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit (FedAvg's usual choice)."""
         hp = self.hparams
-        if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        if hp.optimizer == "adam":
-            return torch.optim.Adam(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        if hp.optimizer == "adamw":
-            return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        raise ValueError(f"model.optimizer must be sgd, adam or adamw, got {hp.optimizer!r}")
+        return build_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay)

@@ -11,6 +11,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from fl_lightning.clients.base import ClientModule
+from fl_lightning.clients.optim import build_optimizer
 from fl_lightning.models.segmenters import build_segmenter
 from fl_lightning.models.unet import SegNormKind
 from fl_lightning.segmentation_metrics import (
@@ -129,10 +130,4 @@ class SegmentationClient(ClientModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit (Adam 1e-3 by default; HarmoFL's paper uses Adam)."""
         hp = self.hparams
-        if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        if hp.optimizer == "adam":
-            return torch.optim.Adam(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        if hp.optimizer == "adamw":
-            return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        raise ValueError(f"model.optimizer must be sgd, adam or adamw, got {hp.optimizer!r}")
+        return build_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay)
