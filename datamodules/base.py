@@ -40,6 +40,18 @@ class ClientSplit:
     test_domain: Tensor | None = None
 
 
+def check_image_args(image_size: int, channels: int) -> None:
+    """Validate the image shape arguments every image datamodule takes, naming the bad one.
+
+    Raises:
+        ValueError: If ``image_size`` < 1 or ``channels`` is not 1 or 3.
+    """
+    if image_size < 1:
+        raise ValueError(f"image_size must be >= 1, got {image_size}")
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+
+
 class FederatedDataModule(L.LightningDataModule):
     """Abstract base of the federated datamodules: gives per-client and pooled loaders over cached tensors.
 

@@ -7,7 +7,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from datamodules.assemble import build_client_splits, convert_channels, resize_images, subsample
-from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
 from datamodules.partition import PARTITION_SCHEMES, partition
 from datamodules.sampler import stable_seed
 from datamodules.shifts import SiteStyle, default_site_styles
@@ -63,10 +63,7 @@ class DigitsFederated(FederatedDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size}")
-        if channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        check_image_args(image_size, channels)
         if partition not in PARTITION_SCHEMES:
             raise ValueError(f"partition must be one of {', '.join(PARTITION_SCHEMES)}; got {partition!r}")
         if alpha <= 0:

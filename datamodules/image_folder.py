@@ -9,7 +9,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from datamodules.assemble import build_client_splits
-from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
@@ -84,10 +84,7 @@ class ImageFolderFederated(FederatedDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size}")
-        if channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        check_image_args(image_size, channels)
         if classes is not None and (not classes or len(set(classes)) != len(classes)):
             raise ValueError(f"classes must be a non-empty list of distinct names, got {classes}")
         self.root = Path(root)

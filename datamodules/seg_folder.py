@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
 from datamodules.image_folder import IMAGE_SUFFIXES, _image_files, _visible_dirs, load_image
 from datamodules.sampler import stable_seed
 from datamodules.split import split_train_test
@@ -81,10 +81,7 @@ class SegFolderFederated(FederatedDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size}")
-        if channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        check_image_args(image_size, channels)
         if mask_values is not None and (not mask_values or len(set(mask_values)) != len(mask_values)):
             raise ValueError(f"mask_values must be a non-empty list of distinct pixel values, got {mask_values}")
         if num_classes is not None and num_classes < 2:

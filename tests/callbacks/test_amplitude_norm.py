@@ -12,11 +12,6 @@ from tests.conftest import build_federation, tiny_data
 AMP, FROZEN = "input_norm.amplitude", "input_norm.frozen"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
 class Uploads(FederatedCallback):
     """Records every client's uploaded amplitude and the amplitude it received, per round."""
 

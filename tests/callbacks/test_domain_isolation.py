@@ -16,16 +16,6 @@ from fl_lightning.cluster_selector import predict_clusters
 from fl_lightning.segmentation_metrics import pixel_confusion, segmentation_metrics
 from tests.conftest import build_federation
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU is shared and these tensors are tiny; restored after, as other tests compare with subprocesses."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 SELECTOR = {"selector_rounds": 2, "selector_local_steps": 2, "selector_lr": 0.05}
 
 

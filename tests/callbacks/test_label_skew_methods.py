@@ -14,14 +14,6 @@ from tests.conftest import build_federation, tiny_data, tiny_model
 LR = 0.1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def assert_states_close(a, b, atol=0.0, keys=None):
     for k in keys or a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)

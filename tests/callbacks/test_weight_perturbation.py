@@ -18,11 +18,6 @@ from fl_lightning.errors import PreconditionError
 STEPS, BATCH = 4, 6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
 def make_net(batch_norm=False):
     torch.manual_seed(0)
     layers = [nn.Linear(5, 7)] + ([nn.BatchNorm1d(7)] if batch_norm else []) + [nn.Tanh(), nn.Linear(7, 3)]

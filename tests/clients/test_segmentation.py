@@ -26,11 +26,6 @@ MIOU = (0.6 + 2 / 3 + 0.5) / 3
 ACC = 6 / 8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
 def test_confusion_and_dice_by_hand():
     cm = pixel_confusion(PRED, TARGET, 4)
     assert cm.tolist() == [[3, 1, 0, 0], [0, 2, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]]

@@ -25,15 +25,6 @@ def assert_equal_state(a, b):
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """These models are tiny: intra-op threads only add contention on a shared, busy CPU (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))

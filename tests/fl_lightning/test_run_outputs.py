@@ -27,24 +27,15 @@ CPU = torch.device("cpu")
 TIMES = ("time/train", "time/aggregate", "time/eval", "time/round", "throughput/samples_per_s")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """These models are tiny: intra-op threads only add contention on a shared, busy CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def fedavg(tmp_path_factory, one_torch_thread):
+def fedavg(tmp_path_factory):
     """One FedAvg run with plots."""
     fed = build_federation(tmp_path_factory.mktemp("fedavg"), rounds=2, plots=True)
     return fed, fed.run()
 
 
 @pytest.fixture(scope="module")
-def fedbn(tmp_path_factory, one_torch_thread):
+def fedbn(tmp_path_factory):
     fed = build_federation(tmp_path_factory.mktemp("fedbn"), callbacks=[FedBN()], rounds=2)
     return fed, fed.run()
 

@@ -6,7 +6,6 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
 from fl_lightning.cli import main
 from fl_lightning.tracking import ROUND_PREFIXES
@@ -24,15 +23,6 @@ REQUIRED_KEYS = (
     "round/failed_clients",
     "client/site0/train/loss",
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """These models are tiny: intra-op threads only add contention on a shared, busy CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
