@@ -10,6 +10,8 @@ from callbacks.fedbn import FedBN
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx
+from callbacks.local_fine_tuning import LocalFineTuning
+from callbacks.lr_schedule import LRSchedule
 from callbacks.moon import Moon
 from callbacks.reweighting import Reweighting
 from callbacks.scaffold import Scaffold
@@ -26,6 +28,8 @@ __all__ = [
     "FedOpt",
     "FedProx",
     "FederatedCallback",
+    "LRSchedule",
+    "LocalFineTuning",
     "Moon",
     "Reweighting",
     "Scaffold",

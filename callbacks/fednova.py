@@ -21,7 +21,9 @@ class FedNova(FederatedCallback):
 
     Each client uploads d_i = (w − w_i)/a_i instead of w_i, with a_i = τ_i for SGD or the momentum
     formula of ../shared/ALGORITHMS.md; the server sets w ← w − τ_eff Σ p_i d_i, τ_eff = Σ p_i a_i.
-    With equal step counts this is FedAvg.
+    With equal step counts this is FedAvg. The learning rate η does not appear: d_i carries η_i, and as
+    every client of a round trains with the same η (also under a per-round schedule, callbacks.LRSchedule)
+    the server step needs no η of its own.
 
     Preconditions (checked before the first round): local SGD (momentum allowed, no Nesterov), one
     optimiser step per batch.

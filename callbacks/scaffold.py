@@ -21,8 +21,9 @@ class Scaffold(FederatedCallback):
     """SCAFFOLD with option II control variates and global step size η_g = 1.
 
     Each local gradient is corrected by c − c_i; after the fit, c_i⁺ = c_i − c + (w − w_i)/(τ_i η);
-    the server sets c ← c + Σ_{i∈S}(c_i⁺ − c_i)/N. Control variates cover the trainable parameters;
-    each client's c_i is its private state (kept while it is idle, saved in checkpoints).
+    the server sets c ← c + Σ_{i∈S}(c_i⁺ − c_i)/N; η is the learning rate of that fit (the round's under a
+    per-round schedule). Control variates cover the trainable parameters; each client's c_i is its
+    private state (kept while it is idle, saved in checkpoints).
 
     Preconditions (checked before the first round): plain SGD without momentum, one optimiser step
     per batch. One model group (the server control variate is per federation).
@@ -63,6 +64,9 @@ class Scaffold(FederatedCallback):
         c_i = self.client_c.get(self._client, {})
         self._params = [named[k] for k in self._names]
         self._corrections = [(self.c[k] - c_i[k] if k in c_i else self.c[k]).to(named[k].device) for k in self._names]
+        # η of THIS fit, as configured (a per-round schedule's factor included, see callbacks.LRSchedule), not
+        # model.lr: c_i⁺ divides by τ_i η of the steps just taken. A kept optimiser state never restores an old
+        # η (the local fitter re-applies the configured one), so the value read here is the one the steps use.
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"])
 
     @override

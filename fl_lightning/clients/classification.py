@@ -108,6 +108,7 @@ class ClassificationClient(ClientModule):
         return classification_metrics(torch.cat(logits), torch.cat(targets), self.hparams.num_classes)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """A fresh local optimiser for each client fit (FedAvg's usual choice)."""
+        """A fresh local optimiser for each client fit (FedAvg's usual choice); learning rate ``lr · lr_factor``."""
         hp = self.hparams
-        return build_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay)
+        lr = hp.lr * self.lr_factor  # the round's learning rate under a schedule (callbacks.LRSchedule)
+        return build_optimizer(self.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)

@@ -128,6 +128,10 @@ class SegmentationClient(ClientModule):
         return {**segmentation_metrics(confusion.cpu()), "miou": float(jaccard.compute()), "loss": loss}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """A fresh local optimiser for each client fit (Adam 1e-3 by default; HarmoFL's paper uses Adam)."""
+        """A fresh local optimiser for each client fit, learning rate ``lr · lr_factor``.
+
+        Adam 1e-3 by default; HarmoFL's paper uses Adam.
+        """
         hp = self.hparams
-        return build_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay)
+        lr = hp.lr * self.lr_factor  # the round's learning rate under a schedule (callbacks.LRSchedule)
+        return build_optimizer(self.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)

@@ -1,0 +1,147 @@
+"""Local fine-tuning (FedAvg+): each client fine-tunes the federated model on its own data before testing."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+import torch
+from typing_extensions import override
+
+from callbacks.base import FederatedCallback
+from datamodules.sampler import SeededEpochSampler, stable_seed
+from fl_lightning.checkpoint import rng_state, set_rng_state
+from fl_lightning.errors import PreconditionError
+from fl_lightning.ops import clone_state
+
+if TYPE_CHECKING:
+    from fl_lightning.federation import Federation
+
+MODEL_NAME = "finetuned"
+
+
+class LocalFineTuning(FederatedCallback):
+    """FedAvg+: after federated training, each client fine-tunes its model for ``epochs`` local epochs.
+
+    The federated run itself is untouched; at the final evaluation (at every evaluation with
+    ``every_eval``) each client with a test set starts from the model it is evaluated with as
+    ``personal`` (its group's global state plus its private state), trains ``epochs`` epochs on its own
+    training data with the client module's own optimiser (fresh, as the module configures it) through
+    the shared Trainer, and is tested on its test set. The results are reported as the model
+    ``finetuned`` next to ``global`` and ``personal`` (``eval/finetuned/*``, ``summary.json``).
+    ``epochs=0`` trains nothing, so ``finetuned`` equals ``personal`` exactly (and ``global`` for FedAvg).
+
+    Fine-tuning leaves no trace on the run: the module's weights, the global RNG states and the
+    Trainer's callback list are restored afterwards, the clients' persistent training samplers do not
+    advance (fine-tuning shuffles with its own sampler, seeded from ``(data seed, client, "finetune")``,
+    so every fine-tuning of a client sees the same batches), and kept optimiser states are not used.
+    The other federated callbacks are detached from the Trainer while fine-tuning, so it is plain local
+    training whatever the method (no FedProx term, SCAFFOLD correction or MOON term). The optimiser is
+    built as the module builds it now: under a learning-rate schedule (``callbacks.LRSchedule``) the
+    module's ``lr_factor`` of the round just trained stays in effect, i.e. fine-tuning continues at
+    the last round's learning rate.
+
+    A client in several sample-level groups (sample-clustered FL) fine-tunes the model its ``global``
+    and ``personal`` evaluations use (its first group's) on all its training data, with a warning.
+    A client whose fine-tuning fit fails is left out of ``finetuned`` with a warning. Only federated
+    star-topology runs are accepted (``on_federation_start`` names ``federation.mode``/``topology``).
+
+    Args:
+        epochs: Local fine-tuning epochs k ≥ 0 (k = 0 ⇒ FedAvg).
+        every_eval: Fine-tune at every evaluation (``federation.eval_every``), not only the final one.
+
+    Raises:
+        ValueError: If ``epochs`` is negative.
+
+    """
+
+    def __init__(self, epochs: int = 1, every_eval: bool = False) -> None:
+        super().__init__()
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"LocalFineTuning epochs must be an integer >= 0, got {epochs!r}")
+        self.epochs, self.every_eval = epochs, every_eval
+        self._warned_multi_group = False
+
+    @override
+    def on_federation_start(self, federation: Federation) -> None:
+        cfg = federation.config
+        # (The Federation already refuses any federated callback outside federated mode; this names the reason.)
+        if cfg.mode != "federated":
+            raise ValueError(
+                f"LocalFineTuning needs federation.mode=federated, got federation.mode={cfg.mode}: "
+                "fine-tuning after local or centralised training is not the FedAvg+ baseline"
+            )
+        if cfg.topology != "star":
+            raise ValueError(
+                f"LocalFineTuning needs federation.topology=star, got {cfg.topology}: "
+                "peer-to-peer runs have no global model to fine-tune"
+            )
+
+    @override
+    def extra_evaluation(self, federation: Federation) -> dict[str, dict[str, dict[str, float]]]:
+        # During run_round(r) federation.round is still r, so the final round's evaluation has round + 1 == rounds;
+        # an evaluation after the run (round == rounds) is of the final model too.
+        if not self.every_eval and federation.round + 1 < federation.config.rounds:
+            return {}
+        module, trainer = federation.module, federation.trainer
+        saved = clone_state(module.state_dict())
+        device = next(module.parameters()).device
+        rng = rng_state()
+        callbacks = trainer.callbacks
+        # Fine-tuning is plain local training of the final model: the method's callbacks must not act on it
+        # (FedProx would pull towards the start weights, SCAFFOLD would add control variates of the last round,
+        # MOON its contrastive term) nor update their per-client state from it. So only the non-federated
+        # callbacks (Lightning's own, the fitter's probe) stay attached; the list is restored whatever happens.
+        trainer.callbacks = [cb for cb in callbacks if not isinstance(cb, FederatedCallback)]
+        results: dict[str, dict[str, float]] = {}
+        try:
+            for cid in federation.data.client_ids:
+                if federation.data.num_test_samples(cid):
+                    metrics = self.fine_tune(federation, cid)
+                    if metrics is not None:
+                        results[cid] = metrics
+        finally:
+            trainer.callbacks = callbacks
+            module.load_state_dict(saved)
+            module.to(device)  # Lightning's teardown moves the module to the CPU after a fit
+            set_rng_state(rng)
+        return {MODEL_NAME: results}
+
+    def fine_tune(self, federation: Federation, client_id: str) -> dict[str, float] | None:
+        """Load the client's model, train it ``epochs`` epochs on its data, and evaluate it on its test set.
+
+        Returns:
+            The client module's test metrics, or ``None`` (with a warning) if the fine-tuning fit failed.
+
+        """
+        module, data, device = federation.module, federation.data, federation.device
+        group = federation.group_of(client_id)
+        self._warn_if_in_several_groups(federation, client_id)
+        # What the "personal" evaluation loads (the group's global state with the client's private state).
+        module.load_state_dict({**group.state, **federation.private.get((group.name, client_id), {})})
+        if self.epochs:
+            n = data.num_train_samples(client_id)
+            # Its own sampler: the client's persistent one (federated training's shuffling) must not advance.
+            sampler = SeededEpochSampler(n, stable_seed(data.seed, client_id, "finetune"))
+            loader = data.client_subset_train_loader(client_id, torch.arange(n), sampler)
+            try:  # a fresh optimiser (no kept optimiser state), as the module configures it
+                federation.fitter.fit(module, loader, self.epochs, client_id)
+            except PreconditionError:
+                raise
+            except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
+                warnings.warn(
+                    f"fine-tuning of client {client_id!r} failed; left out of {MODEL_NAME!r}: {err!r}", stacklevel=2
+                )
+                return None
+        module.to(device)
+        return module.evaluate(data.client_test_loader(client_id), device)
+
+    def _warn_if_in_several_groups(self, federation: Federation, client_id: str) -> None:
+        groups = [g.name for g in federation.groups if client_id in g.members]
+        if len(groups) > 1 and not self._warned_multi_group:
+            self._warned_multi_group = True
+            warnings.warn(
+                f"client {client_id!r} trains in several sample-level groups {groups}; LocalFineTuning fine-tunes "
+                f"the model of {groups[0]!r} (the one its global/personal evaluation uses) on all its data",
+                stacklevel=2,
+            )
