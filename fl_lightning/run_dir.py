@@ -13,15 +13,23 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file.
+
+    Args:
+        path: Destination.
+        text: Content.
+        durable: fsync before the rename (survives a power loss). The per-round CSVs skip it: they are
+            rewritten every round and rebuilt from the checkpoint's rows on resume.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -99,12 +107,12 @@ class RunDirectory:
         """Append one round's rows and rewrite ``metrics.csv`` (per round and client) and ``rounds.csv``."""
         self.client_rows.extend(client_rows)
         self.round_rows.append(round_row)
-        atomic_write_text(self.path / "metrics.csv", _csv_text(self.client_rows))
-        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows))
+        atomic_write_text(self.path / "metrics.csv", _csv_text(self.client_rows), durable=False)
+        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows), durable=False)
 
     def rewrite_rounds(self) -> None:
         """Rewrite ``rounds.csv`` after entries were added to a recorded round row."""
-        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows))
+        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows), durable=False)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """The final evaluation table as ``summary.json``."""
