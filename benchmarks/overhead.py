@@ -6,7 +6,7 @@ Both runs start from the same weights and draw the same batches (the datamodule'
 so their final weights agree to float rounding; the script prints both wall times, their ratio and
 both final accuracies.
 
-    python benchmarks/overhead.py [--rounds 20] [--image-size 16] [--repeats 2]
+    python benchmarks/overhead.py [--rounds 20] [--image-size 16] [--repeats 2] [--device cpu]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def make_model(data: DigitsFederated, args: argparse.Namespace) -> Classificatio
 def run_federation(args: argparse.Namespace) -> tuple[float, float, dict[str, torch.Tensor]]:
     data = make_data(args)
     model = make_model(data, args)
-    trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False})
+    trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": args.device, "logger": False})
     with tempfile.TemporaryDirectory() as out:
         cfg = FederationConfig(rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False)
         fed = Federation(cfg, model, data, trainer, seed=0)
@@ -59,9 +59,11 @@ def run_federation(args: argparse.Namespace) -> tuple[float, float, dict[str, to
 
 
 @torch.inference_mode()
-def evaluate(net: torch.nn.Module, loader: torch.utils.data.DataLoader, num_classes: int) -> dict[str, float]:
+def evaluate(
+    net: torch.nn.Module, loader: torch.utils.data.DataLoader, num_classes: int, device: str = "cpu"
+) -> dict[str, float]:
     net.eval()
-    logits, targets = zip(*[(net(x), y) for x, y in loader])
+    logits, targets = zip(*[(net(x.to(device)).cpu(), y) for x, y in loader])
     net.train()
     return classification_metrics(torch.cat(logits), torch.cat(targets), num_classes)
 
@@ -69,7 +71,7 @@ def evaluate(net: torch.nn.Module, loader: torch.utils.data.DataLoader, num_clas
 def run_plain(args: argparse.Namespace) -> tuple[float, float, dict[str, torch.Tensor]]:
     """FedAvg written directly in PyTorch: the lower bound on the time of the same work."""
     data = make_data(args)
-    net = make_model(data, args).net
+    net = make_model(data, args).net.to(args.device)
     ids = data.client_ids
     start = time.perf_counter()
     global_state = copy.deepcopy(net.state_dict())
@@ -81,6 +83,7 @@ def run_plain(args: argparse.Namespace) -> tuple[float, float, dict[str, torch.T
             net.train()
             opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
             for x, y in data.client_train_loader(cid):
+                x, y = x.to(args.device), y.to(args.device)
                 opt.zero_grad()
                 F.cross_entropy(net(x), y).backward()
                 opt.step()
@@ -88,9 +91,9 @@ def run_plain(args: argparse.Namespace) -> tuple[float, float, dict[str, torch.T
         global_state = mean.result()
     net.load_state_dict(global_state)
     for cid in ids:  # the Federation evaluates every client's test set too
-        evaluate(net, data.client_test_loader(cid), data.num_classes)
-    acc = evaluate(net, data.pooled_test_loader(), data.num_classes)["acc"]
-    return time.perf_counter() - start, acc, {f"net.{k}": v for k, v in global_state.items()}
+        evaluate(net, data.client_test_loader(cid), data.num_classes, args.device)
+    acc = evaluate(net, data.pooled_test_loader(), data.num_classes, args.device)["acc"]
+    return time.perf_counter() - start, acc, {f"net.{k}": v.cpu() for k, v in global_state.items()}
 
 
 def main() -> None:
@@ -100,6 +103,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="alternate both runs this many times; report the best")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 gives the steadiest timings)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both runs train")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     fed_times, plain_times = [], []

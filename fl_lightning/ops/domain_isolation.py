@@ -51,14 +51,16 @@ def client_features(
     Returns:
         The client's features and class presence.
     """
-    present = torch.stack([(masks == c).flatten(1).any(1) for c in range(num_classes)], dim=1)
+    # The statistics (EM, linking) run on the CPU in float64, whatever device the gradients come from.
+    present = torch.stack([(masks == c).flatten(1).any(1) for c in range(num_classes)], dim=1).cpu()
     parts: list[Tensor] = []
     for start in range(0, len(images), chunk_size):
         grads = class_restricted_gradients(
             model, images[start : start + chunk_size], masks[start : start + chunk_size], num_classes, chunk_size
-        )
-        grads = grads.detach().cpu().double()
-        parts.append(grads[:, :, keep] if keep is not None else grads)
+        ).detach()
+        if keep is not None:  # prune on the device: only the kept coordinates travel to the CPU
+            grads = grads[:, :, keep.to(grads.device)]
+        parts.append(grads.cpu().double())
     grads = torch.cat(parts)
     features = [normalise_rows(grads[:, c]) * present[:, c : c + 1] for c in range(num_classes)]
     return ClientFeatures(features, present)
