@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import SingleDeviceStrategy
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 from typing_extensions import override
 
 # Clients feed in-memory tensors; worker processes would cost more than they save.
@@ -107,6 +107,7 @@ class LocalFitter:
             # class of that object keeps all of its state and only replaces ``teardown``.
             trainer.strategy.__class__ = ResidentSingleDeviceStrategy
         self.trainer = trainer
+        self._warned_random_sampler = False
         self.probe = _FitProbe()
         trainer.callbacks.append(self.probe)
 
@@ -137,6 +138,7 @@ class LocalFitter:
 
         """
         trainer, probe = self.trainer, self.probe
+        self._warn_if_unreproducible(loader, client_id)
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
         trainer.should_stop = False
         probe.pending_optimizer_state = optimizer_state
@@ -154,3 +156,20 @@ class LocalFitter:
         if ran != expected and trainer.limit_train_batches == 1.0:
             warnings.warn(f"client {client_id!r} ran {ran} batches, expected {expected}", stacklevel=2)
         return ran, probe.captured_optimizer_state
+
+    def _warn_if_unreproducible(self, loader: DataLoader, client_id: str) -> None:
+        """Warn once when a training loader shuffles with torch's ``RandomSampler``.
+
+        Its shuffling state is not in the round checkpoints (a resumed run sees other batches), and
+        Lightning draws one extra permutation from it per ``trainer.fit`` after the first.
+        """
+        if self._warned_random_sampler or not isinstance(getattr(loader, "sampler", None), RandomSampler):
+            return
+        self._warned_random_sampler = True
+        warnings.warn(
+            f"the training loader of client {client_id!r} shuffles with torch's RandomSampler: its state is not "
+            "saved in round checkpoints (a resumed run sees other batches) and Lightning draws an extra "
+            "permutation from it on every fit after the first. Use datamodules.sampler.SeededEpochSampler "
+            "(as the built-in datamodules do) for batches that depend only on (seed, client, pass).",
+            stacklevel=3,
+        )

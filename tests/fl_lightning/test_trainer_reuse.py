@@ -1,5 +1,6 @@
 """One Trainer, N clients × R rounds: exactly the intended epochs, steps and hook calls per client."""
 
+import warnings
 from collections import Counter, defaultdict
 
 import lightning as L
@@ -96,3 +97,18 @@ def test_fitter_leaves_the_module_on_its_device_between_fits():
     calls = _cpu_calls(module)
     plain.fit(module, data.client_train_loader("site0"))
     assert calls == ["cpu"]
+
+
+def test_a_random_sampler_loader_is_warned_about_once():
+    data = tiny_data()
+    split = data.client_data("site0")
+    dataset = TensorDataset(split.train_x, split.train_y)
+    shuffled = DataLoader(dataset, batch_size=4, shuffle=True)
+    fitter = LocalFitter(L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False))
+    model = tiny_model(data)
+    with pytest.warns(UserWarning, match="client 'site0' shuffles with torch's RandomSampler"):
+        fitter.fit(model, shuffled, 1, "site0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fitter.fit(model, shuffled, 1, "site0")  # once per fitter
+        fitter.fit(model, data.client_train_loader("site1"), 1, "site1")  # the project's sampler: no warning
