@@ -170,8 +170,10 @@ class Federation:
             self.run_dir.write_config(self.config_text)
         self.run_dir.write_json("environment.json", environment_record(self.seed))
         if cfg.plots:
-            counts = {c: self.data.label_counts(c).numpy() for c in self.data.client_ids}
-            plot_partition(counts, self.run_dir.path / "partition.png", self._domain_counts())
+            ids = list(self.data.client_ids)
+            counts = {c: self.data.label_counts(c).numpy() for c in ids}
+            unit = "pixels" if self.data.client_data(ids[0]).train_y.ndim > 1 else "samples"  # masks count pixels
+            plot_partition(counts, self.run_dir.path / "partition.png", self._domain_counts(), unit)
         return None
 
     def _domain_counts(self) -> dict[str, Any] | None:

@@ -54,19 +54,32 @@ def plot_curves(client_rows: list[dict[str, Any]], path: Path, metric: str = "ac
 
 
 def plot_partition(
-    label_counts: dict[str, np.ndarray], path: Path, domain_counts: dict[str, np.ndarray] | None = None
+    label_counts: dict[str, np.ndarray],
+    path: Path,
+    domain_counts: dict[str, np.ndarray] | None = None,
+    label_unit: str = "samples",
 ) -> None:
     """Stacked bars of each client's training labels (and sites/domains, when known).
 
     Args:
         label_counts: ``{client: counts per class}``.
         path: Output PNG.
-        domain_counts: ``{client: counts per domain}`` or None.
+        domain_counts: ``{client: counts per domain}`` (images) or None.
+        label_unit: What ``label_counts`` counts: ``samples``, or ``pixels`` for segmentation masks.
 
     """
-    panels = [("class", label_counts)] + ([("site / domain", domain_counts)] if domain_counts else [])
+    _save(partition_figure(label_counts, domain_counts, label_unit), path)
+
+
+def partition_figure(
+    label_counts: dict[str, np.ndarray], domain_counts: dict[str, np.ndarray] | None, label_unit: str
+) -> plt.Figure:
+    """The figure of :func:`plot_partition`."""
+    panels = [("class", label_counts, label_unit)]
+    if domain_counts:
+        panels.append(("site / domain", domain_counts, "samples"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    for ax, (name, counts) in zip(axes[0], panels):
+    for ax, (name, counts, unit) in zip(axes[0], panels):
         clients = list(counts)
         matrix = np.stack([np.asarray(counts[c], dtype=float) for c in clients])
         bottom = np.zeros(len(clients))
@@ -74,10 +87,10 @@ def plot_partition(
         for k in range(matrix.shape[1]):
             ax.bar(clients, matrix[:, k], bottom=bottom, color=cmap(k % cmap.N), label=str(k))
             bottom += matrix[:, k]
-        ax.set_title(f"training samples per client, by {name}")
+        ax.set_title(f"training {unit} per client, by {name}")
         ax.tick_params(axis="x", rotation=45 if len(clients) > 6 else 0)
         ax.legend(title=name, fontsize=7, ncol=1 + matrix.shape[1] // 10, loc="upper right")
-    _save(fig, path)
+    return fig
 
 
 def plot_node_matrix(matrix: dict[str, dict[str, dict[str, Any]]], path: Path, metric: str = "acc") -> None:

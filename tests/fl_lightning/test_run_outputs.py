@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning
 import matplotlib.image
+import matplotlib.pyplot
 import pytest
 import torch
 from rich.console import Console
@@ -251,3 +252,27 @@ def test_final_table(run, request):
     assert "global acc" in text and "personal acc" in text
     if "pooled" in summary:
         assert f"{summary['pooled']['acc']:.4f}" in text and "pooled test set" in text
+
+
+@pytest.mark.parametrize(("seg", "unit"), [(False, "samples"), (True, "pixels")])
+def test_partition_names_what_it_counts(tmp_path, monkeypatch, seg, unit):
+    import fl_lightning.federation as federation_module
+    from datamodules import DigitsSegFederated
+    from fl_lightning.clients import SegmentationClient
+    from fl_lightning.plots import partition_figure
+
+    seen = {}
+    monkeypatch.setattr(federation_module, "plot_partition", lambda counts, path, domains, label_unit: seen.update(
+        figure=partition_figure(counts, domains, label_unit)))  # fmt: skip
+    if seg:
+        data = DigitsSegFederated(num_clients=2, image_size=8, num_samples=40, seed=0)
+        model = SegmentationClient(num_classes=data.num_classes, image_size=data.image_size, width=2, depth=1)
+        fed = build_federation(tmp_path, data=data, model=model, plots=True)
+    else:
+        fed = build_federation(tmp_path, plots=True)
+    fed.setup()
+    fed._open_run_dir()
+    titles = [ax.get_title() for ax in seen["figure"].axes if ax.get_title()]
+    matplotlib.pyplot.close(seen["figure"])
+    assert titles[0] == f"training {unit} per client, by class"
+    assert all(t == "training samples per client, by site / domain" for t in titles[1:])
