@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from datamodules import DigitsFederated
 from fl_lightning import ClassificationClient, Federation, FederationConfig
 from fl_lightning.cli import TRAINER_DEFAULTS
+from fl_lightning.selection import select_clients
 
 torch.set_num_threads(1)
 
@@ -80,6 +81,54 @@ def reference_sgd(
                     p.grad.add_(p - a, alpha=mu)
             opt.step()
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def reference_scaffold(
+    rounds: int,
+    per_round: int,
+    lrs: Sequence[float],
+    control_lrs: Sequence[float] | None = None,
+    data_kwargs: dict[str, Any] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """SCAFFOLD option II written out in plain PyTorch over the same batches and client samples.
+
+    Round r trains with learning rate ``lrs[r]``; ``control_lrs[r]`` is the η of the control-variate update
+    c_i⁺ = c_i − c + (w − w_i)/(τ η) (default ``lrs``). Returns the final global weights and server control c.
+    """
+    control_lrs = control_lrs or lrs
+    data = tiny_data(**(data_kwargs or {}))
+    module = tiny_model(data)
+    ids = data.client_ids
+    w = copy.deepcopy(module.state_dict())
+    names = [k for k, _ in module.named_parameters()]
+    c = {k: torch.zeros_like(w[k]) for k in names}
+    c_i = {cid: {k: torch.zeros_like(w[k]) for k in names} for cid in ids}
+    for r in range(rounds):
+        selected = select_clients(ids, r, seed=0, k=per_round)
+        n = [data.num_train_samples(c) for c in selected]
+        p = [ni / sum(n) for ni in n]
+        states, delta = [], {k: torch.zeros_like(w[k]) for k in names}
+        for cid in selected:
+            module.load_state_dict(w)
+            module.train()
+            opt = torch.optim.SGD(module.parameters(), lr=lrs[r])
+            steps = 0
+            for x, y in data.client_train_loader(cid):
+                opt.zero_grad()
+                F.cross_entropy(module(x), y).backward()
+                for k, prm in module.named_parameters():
+                    prm.grad.add_(c[k] - c_i[cid][k])
+                opt.step()
+                steps += 1
+            w_i = copy.deepcopy(module.state_dict())
+            new = {k: c_i[cid][k] - c[k] + (w[k] - w_i[k]) / (steps * control_lrs[r]) for k in names}
+            for k in names:
+                delta[k] += new[k] - c_i[cid][k]
+            c_i[cid] = new
+            states.append(w_i)
+        w = {k: sum(pi * s[k].double() for pi, s in zip(p, states)).to(w[k].dtype) for k in w}
+        c = {k: c[k] + delta[k] / len(ids) for k in names}  # |S|/N · mean over S = Σ_S / N
+    return w, c
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ import torch.nn.functional as F
 
 from callbacks import ClassifierShift, FederatedCallback, FedNova, FedOpt, Moon, Reweighting, Scaffold
 from fl_lightning.errors import PreconditionError
-from fl_lightning.selection import select_clients
-from tests.conftest import build_federation, tiny_data, tiny_model
+from tests.conftest import build_federation, reference_scaffold, tiny_data, tiny_model
 
 LR = 0.1
 
@@ -43,46 +42,9 @@ def run(tmp_path, name, callbacks=(), **kwargs):
 # ---------------------------------------------------------------- SCAFFOLD
 
 
-def reference_scaffold(data_kwargs, rounds, per_round):
-    """SCAFFOLD option II written out in plain PyTorch over the same batches and client samples."""
-    data = tiny_data(**data_kwargs)
-    module = tiny_model(data)
-    ids = data.client_ids
-    w = copy.deepcopy(module.state_dict())
-    names = [k for k, v in module.named_parameters()]
-    c = {k: torch.zeros_like(w[k]) for k in names}
-    c_i = {cid: {k: torch.zeros_like(w[k]) for k in names} for cid in ids}
-    for r in range(rounds):
-        selected = select_clients(ids, r, seed=0, k=per_round)
-        n = [data.num_train_samples(c) for c in selected]
-        p = [ni / sum(n) for ni in n]
-        states, delta = [], {k: torch.zeros_like(w[k]) for k in names}
-        for cid in selected:
-            module.load_state_dict(w)
-            module.train()
-            opt = torch.optim.SGD(module.parameters(), lr=LR)
-            steps = 0
-            for x, y in data.client_train_loader(cid):
-                opt.zero_grad()
-                F.cross_entropy(module(x), y).backward()
-                for k, prm in module.named_parameters():
-                    prm.grad.add_(c[k] - c_i[cid][k])
-                opt.step()
-                steps += 1
-            w_i = copy.deepcopy(module.state_dict())
-            new = {k: c_i[cid][k] - c[k] + (w[k] - w_i[k]) / (steps * LR) for k in names}
-            for k in names:
-                delta[k] += new[k] - c_i[cid][k]
-            c_i[cid] = new
-            states.append(w_i)
-        w = {k: sum(pi * s[k].double() for pi, s in zip(p, states)).to(w[k].dtype) for k in w}
-        c = {k: c[k] + delta[k] / len(ids) for k in names}  # |S|/N · mean over S = Σ_S / N
-    return w, c
-
-
 def test_scaffold_matches_a_hand_written_reference(tmp_path):
     fed = run(tmp_path, "s", [Scaffold()], rounds=3, clients_per_round=2)
-    w, c = reference_scaffold({}, rounds=3, per_round=2)
+    w, c = reference_scaffold(rounds=3, per_round=2, lrs=[LR] * 3)
     keys = net_keys(w)
     assert_states_close(fed.groups[0].state, w, atol=1e-5, keys=keys)
     assert_states_close(fed.callbacks[0].c, c, atol=1e-4)

@@ -1,18 +1,15 @@
 """LRSchedule: the per-round factor by hand, the learning rate each fit really uses, splits, kept state, SCAFFOLD."""
 
-import copy
 import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from callbacks import ClusteredFL, FederatedCallback, LRSchedule, Scaffold
 from fl_lightning.clients import ClassificationClient, SegmentationClient
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.lr_schedule import lr_factor
-from fl_lightning.selection import select_clients
-from tests.conftest import build_federation, tiny_data, tiny_model
+from tests.conftest import build_federation, reference_scaffold, tiny_data
 
 LR = 0.1
 
@@ -208,47 +205,6 @@ def test_a_module_that_ignores_the_factor_is_refused(tmp_path):
 # ---------------------------------------------------------------- SCAFFOLD under a schedule
 
 
-def reference_scaffold_scheduled(rounds, per_round, lrs, control_lrs=None):
-    """SCAFFOLD option II in plain PyTorch (as in test_label_skew_methods) with learning rate ``lrs[r]`` in round r.
-
-    ``control_lrs[r]`` is the η of the control-variate update c_i⁺ = c_i − c + (w − w_i)/(τ η) (default ``lrs``).
-    """
-    control_lrs = control_lrs or lrs
-    data = tiny_data()
-    module = tiny_model(data)
-    ids = data.client_ids
-    w = copy.deepcopy(module.state_dict())
-    names = [k for k, _ in module.named_parameters()]
-    c = {k: torch.zeros_like(w[k]) for k in names}
-    c_i = {cid: {k: torch.zeros_like(w[k]) for k in names} for cid in ids}
-    for r in range(rounds):
-        selected = select_clients(ids, r, seed=0, k=per_round)
-        n = [data.num_train_samples(c) for c in selected]
-        p = [ni / sum(n) for ni in n]
-        states, delta = [], {k: torch.zeros_like(w[k]) for k in names}
-        for cid in selected:
-            module.load_state_dict(w)
-            module.train()
-            opt = torch.optim.SGD(module.parameters(), lr=lrs[r])
-            steps = 0
-            for x, y in data.client_train_loader(cid):
-                opt.zero_grad()
-                F.cross_entropy(module(x), y).backward()
-                for k, prm in module.named_parameters():
-                    prm.grad.add_(c[k] - c_i[cid][k])
-                opt.step()
-                steps += 1
-            w_i = copy.deepcopy(module.state_dict())
-            new = {k: c_i[cid][k] - c[k] + (w[k] - w_i[k]) / (steps * control_lrs[r]) for k in names}
-            for k in names:
-                delta[k] += new[k] - c_i[cid][k]
-            c_i[cid] = new
-            states.append(w_i)
-        w = {k: sum(pi * s[k].double() for pi, s in zip(p, states)).to(w[k].dtype) for k in w}
-        c = {k: c[k] + delta[k] / len(ids) for k in names}
-    return w, c
-
-
 @pytest.mark.parametrize("keep_optimizer_state", [False, True], ids=["fresh", "kept"])
 def test_scaffold_control_variates_use_the_scheduled_learning_rate(tmp_path, keep_optimizer_state):
     scaffold = Scaffold()
@@ -261,12 +217,12 @@ def test_scaffold_control_variates_use_the_scheduled_learning_rate(tmp_path, kee
     )
     fed.run()
     lrs = [LR * 0.5**r for r in range(3)]
-    w, c = reference_scaffold_scheduled(3, 2, lrs)
+    w, c = reference_scaffold(3, 2, lrs)
     keys = [k for k in w if k.startswith("net.") and w[k].is_floating_point()]
     for k in keys:
         torch.testing.assert_close(fed.groups[0].state[k], w[k], rtol=0, atol=1e-5, msg=k)
     for k in c:
         torch.testing.assert_close(scaffold.c[k], c[k], rtol=0, atol=1e-4, msg=k)
     # the same training with η = model.lr in the control update would give clearly different controls
-    _, c_wrong_eta = reference_scaffold_scheduled(3, 2, lrs, control_lrs=[LR] * 3)
+    _, c_wrong_eta = reference_scaffold(3, 2, lrs, control_lrs=[LR] * 3)
     assert any((scaffold.c[k] - c_wrong_eta[k]).abs().max() > 1e-2 for k in c)
