@@ -41,6 +41,30 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
         raise
 
 
+def load_state_file(path: Path, what: str) -> dict[str, Any]:
+    """``torch.load`` a dict onto the CPU with ``weights_only=True`` (no arbitrary unpickling).
+
+    Args:
+        path: The file.
+        what: What the file is, for the error messages (e.g. ``"checkpoint"``).
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        RuntimeError: If the file is unreadable (truncated, corrupt) or holds no dict, naming it.
+
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises several types for a damaged file
+        raise RuntimeError(f"{what} {path} is unreadable (truncated or corrupt): {err}") from err
+    if not isinstance(state, dict):
+        raise RuntimeError(f"{what} {path} does not hold a dict")
+    return state
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load a round checkpoint onto the CPU with ``weights_only=True`` (no arbitrary unpickling).
 
@@ -49,13 +73,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         RuntimeError: If the file is not a readable checkpoint (truncated, or not ours), naming it.
 
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises several types for a damaged file
-        raise RuntimeError(f"checkpoint {path} is unreadable (truncated or corrupt): {err}") from err
-    if not isinstance(state, dict) or "round" not in state:
+    state = load_state_file(path, "checkpoint")
+    if "round" not in state:
         raise RuntimeError(f"{path} is not a fl_lightning round checkpoint")
     return state
 

@@ -6,10 +6,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from fl_lightning.checkpoint import save_checkpoint
+from fl_lightning.checkpoint import load_state_file, save_checkpoint
 
 GENERATORS_DIR = "generators"
 FORMAT_VERSION = 1
@@ -56,14 +55,8 @@ def load_node_gan(path: Path) -> dict[str, Any]:
         RuntimeError: If it is unreadable or not a generator file, naming it.
 
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"generator file not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises several types for a damaged file
-        raise RuntimeError(f"generator file {path} is unreadable: {err}") from err
-    if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
+    state = load_state_file(path, "generator file")
+    if state.get("version") != FORMAT_VERSION:
         raise RuntimeError(f"{path} is not a FedER generator file (version {FORMAT_VERSION})")
     return state
 
