@@ -85,7 +85,6 @@ class LocalFineTuning(FederatedCallback):
             return {}
         module, trainer = federation.module, federation.trainer
         saved = clone_state(module.state_dict())
-        device = next(module.parameters()).device
         rng = rng_state()
         callbacks = trainer.callbacks
         # Fine-tuning is plain local training of the final model: the method's callbacks must not act on it
@@ -103,7 +102,6 @@ class LocalFineTuning(FederatedCallback):
         finally:
             trainer.callbacks = callbacks
             module.load_state_dict(saved)
-            module.to(device)  # Lightning's teardown moves the module to the CPU after a fit
             set_rng_state(rng)
         return {MODEL_NAME: results}
 
@@ -133,7 +131,7 @@ class LocalFineTuning(FederatedCallback):
                     f"fine-tuning of client {client_id!r} failed; left out of {MODEL_NAME!r}: {err!r}", stacklevel=2
                 )
                 return None
-        module.to(device)
+        module.to(device)  # a strategy other than the fitter's resident one moves it to the CPU after a fit
         return module.evaluate(data.client_test_loader(client_id), device)
 
     def _warn_if_in_several_groups(self, federation: Federation, client_id: str) -> None:
