@@ -28,6 +28,9 @@ class FederationConfig:
         output_dir: Parent directory of run directories.
         run_name: Name of this run's directory (default: a timestamp and the mode).
         progress: Show the Rich progress bar and per-round lines.
+        transport: How tasks reach the client runtime: ``inprocess`` (direct calls, the fast path) or
+            ``serialized`` (every task and reply is encoded to bytes and decoded, and the client runtime
+            holds its own copies of module, data and callbacks: proves that only messages cross the line).
 
     """
 
@@ -48,6 +51,7 @@ class FederationConfig:
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
     resume: str | None = None
+    transport: Literal["inprocess", "serialized"] = "inprocess"
 
     def __post_init__(self) -> None:
         checks = {
