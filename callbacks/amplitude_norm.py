@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -14,8 +14,10 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.models.amplitude_norm import AmplitudeNorm
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import ClientUpdate, Federation, ModelGroup
+    from fl_lightning.federation import Federation
     from fl_lightning.ops.state import StateDict
+    from fl_lightning.protocol import Reply, Task
+    from fl_lightning.state import ModelGroup
 
 LAYER = "input_norm"  # the ClientModule attribute every task passes its inputs through first
 
@@ -30,7 +32,9 @@ class AmplitudeNormalization(FederatedCallback):
     mean over the clients that trained (the server never sees a phase); the global model receives that
     mean with ``frozen`` set, so from then on every client and the global model use it unchanged, in
     training and at test time. A client that did not train in round 1 never contributes; it receives
-    the shared amplitude like the others.
+    the shared amplitude like the others. Messages: the amplitude is a buffer of the model, so it travels in
+    the reply's state (the client's round-1 amplitude, averaged over its own images: no phase, no image) and
+    the shared one in the tasks' state; nothing else is added.
 
     Preconditions: a client module with an ``input_norm`` identity to replace, and a server
     (``federation.topology=star``) to do the exchange.
@@ -58,38 +62,35 @@ class AmplitudeNormalization(FederatedCallback):
         return f"{LAYER}.{name}"
 
     @override
-    def prepare_module(self, federation: Federation, module: L.LightningModule) -> None:
+    def prepare_module(self, module: L.LightningModule, data: Any) -> None:
         current = getattr(module, LAYER, None)
         if not isinstance(current, nn.Identity):
             raise PreconditionError(
                 f"AmplitudeNormalization needs a client module whose `{LAYER}` is an identity to replace "
                 f"(a ClientModule); {type(module).__name__}.{LAYER} is {type(current).__name__}"
             )
-        data = federation.data
         setattr(module, LAYER, AmplitudeNorm(data.in_channels, data.image_size, v=self.v, band=self.band))
 
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        if not federation.has_global_model:
+    def on_federation_start(self, server: Federation) -> None:
+        if not server.has_global_model:
             raise PreconditionError(
                 "AmplitudeNormalization exchanges amplitudes through a server; it needs federation.mode=federated "
-                f"and federation.topology=star, got topology={federation.config.topology!r}"
+                f"and federation.topology=star, got topology={server.config.topology!r}"
             )
 
     @override
-    def on_client_end(
-        self, federation: Federation, client_id: str, module: L.LightningModule, update: ClientUpdate
-    ) -> None:
-        if bool(update.state[self.key("frozen")]):
-            return  # after the exchange there is nothing to send
-        amplitude = update.state[self.key("amplitude")].to(torch.float64)
-        group = update.group
+    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+        if bool(reply.state[self.key("frozen")]):
+            return  # after the exchange there is nothing to collect
+        amplitude = reply.state[self.key("amplitude")].to(torch.float64)
+        group = reply.group
         self._sum[group] = self._sum[group] + amplitude if group in self._sum else amplitude
         self._count[group] = self._count.get(group, 0) + 1
 
     @override
     def on_aggregate(
-        self, federation: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         amp, frozen, init = self.key("amplitude"), self.key("frozen"), self.key("initialized")
         if bool(previous[frozen]):

@@ -15,27 +15,24 @@ from fl_lightning.ops.label_shift import global_prior, logit_shift, smoothed_pri
 
 if TYPE_CHECKING:
     from fl_lightning.federation import Federation
+    from fl_lightning.runtime import ClientContext
 
 SHIFT_KEY = "logit_adjustment"
 
 
-def masked_prior_uploads(counts: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    """Client side of the secure sum: each client's masked [n_i π_i, n_i] (fixed-point int64).
+def masked_prior_upload(counts: torch.Tensor, client_ids: list[str], client: str, seed: int) -> torch.Tensor:
+    """Client side of the secure sum: this client's masked [n_i π_i, n_i] (fixed-point int64).
 
     Args:
-        counts: Each client's training label counts (stays on the client).
-        seed: Session seed from which pair seeds are derived.
+        counts: The client's training label counts (stay on the client).
+        client_ids: Every participating client, in the order the server gave.
+        client: This client.
+        seed: Session seed from which the pair seeds are derived.
 
     """
-    ids = list(counts)
-    size = len(next(iter(counts.values()))) + 1
-    masks = secure_sum.pairwise_masks(ids, size, seed)
-    uploads = {}
-    for cid in ids:
-        n_i = counts[cid].sum().double()
-        vector = torch.cat([n_i * smoothed_prior(counts[cid]), n_i.reshape(1)])
-        uploads[cid] = secure_sum.mask(vector, masks[cid])
-    return uploads
+    n_i = counts.sum().double()
+    vector = torch.cat([n_i * smoothed_prior(counts), n_i.reshape(1)])
+    return secure_sum.mask(vector, secure_sum.client_mask(client_ids, client, len(vector), seed))
 
 
 def server_global_prior(masked: list[torch.Tensor]) -> torch.Tensor:
@@ -47,9 +44,11 @@ def server_global_prior(masked: list[torch.Tensor]) -> torch.Tensor:
 class ClassifierShift(FederatedCallback):
     """FedShift (Shen, Wang, Lv, 2023): CE(f(x) + s_i, y) locally, with s_i = τ(log π_i − log π).
 
-    π_i is the client's Laplace-smoothed label prior, π the global prior Σ_i (n_i/n) π_i, computed
-    once before the first round by pairwise-masked secure aggregation. The shift lives in the client
-    module's ``logit_adjustment`` buffer, which only the training loss reads: evaluation and
+    π_i is the client's Laplace-smoothed label prior, π the global prior Σ_i (n_i/n) π_i, computed once
+    before the first round by pairwise-masked secure aggregation, as two query tasks: ``masked_counts``
+    (each client replies with its masked [n_i π_i, n_i]; the masks cancel in the sum, so the server learns
+    only the total) and ``set_prior`` (the server sends π; each client stores its own shift). The shift lives
+    in the client module's ``logit_adjustment`` buffer, which only the training loss reads: evaluation and
     inference use the plain logits. The buffer is private (never averaged). The server does FedAvg.
 
     Args:
@@ -60,7 +59,6 @@ class ClassifierShift(FederatedCallback):
     def __init__(self, tau: float = 1.0) -> None:
         super().__init__()
         self.tau = tau
-        self.shifts: dict[str, torch.Tensor] = {}
         self.prior: torch.Tensor | None = None
 
     @override
@@ -69,24 +67,35 @@ class ClassifierShift(FederatedCallback):
             raise PreconditionError(f"ClassifierShift needs a client module with a `{SHIFT_KEY}` buffer")
         return {SHIFT_KEY}
 
+    # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        if self.shifts:  # restored from a checkpoint
+    def on_federation_start(self, server: Federation) -> None:
+        if self.prior is not None:  # restored from a checkpoint (the clients' shifts are in their runtime's)
             return
-        counts = {cid: federation.data.label_counts(cid) for cid in federation.data.client_ids}
-        uploads = masked_prior_uploads(counts, federation.seed)
-        self.prior = server_global_prior(list(uploads.values()))
-        # Back on each client: its own shift from its own prior and the broadcast global prior.
-        self.shifts = {cid: logit_shift(smoothed_prior(c), self.prior, self.tau).float() for cid, c in counts.items()}
-
-    @override
-    def on_client_start(self, federation: Federation, client_id: str, module: L.LightningModule) -> None:
-        getattr(module, SHIFT_KEY).copy_(self.shifts[client_id])
+        ids = list(server.data.client_ids)
+        masked = server.query(self, "masked_counts", ids, {"client_ids": ids, "seed": server.seed})
+        self.prior = server_global_prior([masked[c] for c in ids])
+        server.query(self, "set_prior", ids, self.prior)
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"shifts": self.shifts, "prior": self.prior}
+        return {"prior": self.prior}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.shifts, self.prior = dict(state_dict["shifts"]), state_dict["prior"]
+        self.prior = state_dict["prior"]
+
+    # ------------------------------------------------------------------ client half
+    @override
+    def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
+        counts = ctx.data.label_counts(ctx.client_id)
+        if name == "masked_counts":
+            return masked_prior_upload(counts, list(payload["client_ids"]), ctx.client_id, int(payload["seed"]))
+        if name == "set_prior":
+            ctx.state["shift"] = logit_shift(smoothed_prior(counts), payload, self.tau).float()
+            return None
+        return super().answer_query(ctx, name, payload)
+
+    @override
+    def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
+        getattr(module, SHIFT_KEY).copy_(ctx.state["shift"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import lightning as L
 import torch
 from typing_extensions import override
 
@@ -13,7 +12,8 @@ from callbacks.preconditions import trainable_names
 from fl_lightning.ops.cfl import bipartition, flatten, split_criterion
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import ClientUpdate, Federation
+    from fl_lightning.federation import Federation
+    from fl_lightning.protocol import Reply, Task
 
 
 class ClusteredFL(FederatedCallback):
@@ -21,7 +21,9 @@ class ClusteredFL(FederatedCallback):
 
     After a round, a cluster whose mean update is small (‖Σ p_i Δ_i‖ < ε₁) while some client's update
     is large (max ‖Δ_i‖ > ε₂) is bipartitioned by complete-linkage clustering of the cosine
-    similarities of its clients' updates; each half continues from the cluster's model.
+    similarities of its clients' updates; each half continues from the cluster's model. A server-only
+    method: the server reads the replies' states; the clients' private states follow them into their new
+    cluster (a ``regroup`` task to each member).
 
     With ``split_round`` set, every cluster is instead bipartitioned once, at the end of that round
     (1-based), whatever the criterion says. Clients whose updates all point the same way are never
@@ -41,28 +43,25 @@ class ClusteredFL(FederatedCallback):
         self.splits: list[dict[str, Any]] = []
 
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        self._names = trainable_names(federation.module)
+    def on_federation_start(self, server: Federation) -> None:
+        self._names = trainable_names(server.module)
 
     @override
-    def on_round_start(self, federation: Federation, round_idx: int, selected: list[str]) -> None:
+    def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
         self._updates = {}
 
     @override
-    def on_client_end(
-        self, federation: Federation, client_id: str, module: L.LightningModule, update: ClientUpdate
-    ) -> None:
-        w = next(g for g in federation.groups if g.name == update.group).state
-        delta = flatten(update.state, self._names) - flatten(w, self._names)
-        self._updates.setdefault(update.group, {})[client_id] = (delta, update.weight)
+    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+        delta = flatten(reply.state, self._names) - flatten(task.state, self._names)
+        self._updates.setdefault(reply.group, {})[reply.client_id] = (delta, weight)
 
     @override
-    def on_round_end(self, federation: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, server: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
         fixed = self.split_round is not None
         if fixed and round_idx + 1 != self.split_round:
             return
-        for group in list(federation.groups):
-            if len(federation.groups) >= self.max_clusters:
+        for group in list(server.groups):
+            if len(server.groups) >= self.max_clusters:
                 break
             recorded = self._updates.get(group.name, {})
             if len(recorded) < 2:
@@ -78,7 +77,7 @@ class ClusteredFL(FederatedCallback):
             parts = [[ids[i] for i in half] for half in halves]
             unseen = [c for c in group.members if c not in recorded]
             max(parts, key=len).extend(unseen)
-            children = federation.split_group(group, parts)
+            children = server.split_group(group, parts)
             self.splits.append({"round": round_idx + 1, "group": group.name, "into": [c.members for c in children]})
 
     @override

@@ -11,12 +11,28 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from callbacks.base import FederatedCallback
-from fl_lightning.cluster_selector import predict_clusters, train_selector
-from fl_lightning.ops.domain_isolation import class_responsibilities, client_features, link_clusters, majority_mapping
+from callbacks.cluster_selector import (
+    QUERY,
+    build_selector,
+    predict_clusters,
+    selector_runtime,
+    selector_splits,
+    train_selector,
+)
+from fl_lightning.directory import ClientDirectory
+from fl_lightning.errors import PreconditionError
+from fl_lightning.ops.domain_isolation import (
+    ClientFeatures,
+    client_class_answer,
+    client_features,
+    fit_classes,
+    link_clusters,
+)
 from fl_lightning.ops.per_sample_grads import prune_indices
 
 if TYPE_CHECKING:
     from fl_lightning.federation import Federation
+    from fl_lightning.runtime import ClientContext, ClientRuntime
 
 
 class DomainIsolation(FederatedCallback):
@@ -38,6 +54,17 @@ class DomainIsolation(FederatedCallback):
     (``domain_isolation``); the gradients' 2-D PCA scatter goes to ``ddi_gradients.png``.
 
     With ``split_round`` beyond the last round nothing is split (plain FedAvg).
+
+    Messages (query tasks; the clients' per-sample gradients never leave them): ``features`` (the global
+    state goes out; each client computes and keeps its features, answers its class counts), per class
+    ``count``/``moments``/``kmeans``/``hard_stats``/``estep`` (k-means and EM sufficient statistics) and
+    ``responsibilities``, then ``gammas`` (each sample's responsibilities γ, which the server's spectral
+    linking needs: like the paper's server, ours sees γ per sample, not the gradients), ``assign`` (each
+    client gets its own samples' cluster ids), ``contingency`` (cluster × domain counts, for the oracle and
+    the Rand index), the selector's tasks inside ``selector`` queries, and ``routed`` (evaluation with every
+    cluster model and the selector). The gradient scatter plot is the exception: with ``plots`` the
+    ``features`` answer carries the (pruned) gradients to the server, a simulation diagnostic; set
+    ``plots: false`` in a deployment.
 
     Args:
         split_round: Cluster at the end of this round (1-based).
@@ -88,96 +115,187 @@ class DomainIsolation(FederatedCallback):
         self.scores: dict[str, float] = {}
         self.selector: nn.Module | None = None
         self._selector_state: dict[str, Tensor] | None = None
+        self._eval_token = 0
 
+    # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        module = federation.module
-        if not hasattr(module, "net") or not hasattr(module, "input_norm"):
-            raise ValueError("DomainIsolation needs a client module with `net` and `input_norm` (SegmentationClient)")
-        if federation.config.mode != "federated" or federation.config.topology != "star":
+    def on_federation_start(self, server: Federation) -> None:
+        if server.config.mode != "federated" or server.config.topology != "star":
             raise ValueError("DomainIsolation needs federated star training")
 
-    # ------------------------------------------------------------------ the split
     @override
-    def on_round_end(self, federation: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, server: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
         if round_idx + 1 != self.split_round or self.clusters is not None:
             return
-        group = federation.groups[0]
-        data, ids = federation.data, list(federation.data.client_ids)
-        model = _full_model(federation.module, group.state).to(federation.device)
-        num_classes = int(federation.module.hparams.num_classes)
-        keep = None
-        if self.prune_fraction is not None:
-            num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            keep = prune_indices(num_params, self.prune_fraction, self.seed)  # the server sends only the seed
-        feats = []
-        for cid in ids:  # on each client
-            split = data.client_data(cid)
-            x, y = split.train_x.to(federation.device), split.train_y.to(federation.device)
-            feats.append(client_features(model, x, y, num_classes, keep, self.chunk_size))
-        gammas, fitted = class_responsibilities(feats, self.components, self.seed)
-        labels = link_clusters(gammas, [f.present for f in feats], fitted, self.n_clusters, self.seed)
+        group = server.groups[0]
+        ids = list(server.data.client_ids)
+
+        def ask(name: str, payload: Any, **kwargs: Any) -> list[Any]:
+            return list(server.query(self, name, ids, payload, **kwargs).values())
+
+        request = {"prune_fraction": self.prune_fraction, "seed": self.seed, "chunk_size": self.chunk_size,
+                   "plots": self.plots and server.run_dir is not None}  # fmt: skip
+        answers = ask("features", request, group=group.name, state=group.state)
+        num_classes = int(server.module.hparams.num_classes)
+        fitted = fit_classes(
+            lambda c: lambda step, payload: ask(step, {"c": c, "step": payload}),
+            num_classes,
+            self.components,
+            self.seed,
+        )
+        gammas = ask("gammas", None)
+        labels = link_clusters(
+            [g["gamma"] for g in gammas], [g["present"] for g in gammas], fitted, self.n_clusters, self.seed
+        )
         self.clusters = dict(zip(ids, labels))
-        children = federation.split_samples(group, self.clusters, self.n_clusters)
+        server.query(self, "assign", ids, self.clusters, per_client=True)
+        children = server.split_samples(group, self.clusters, self.n_clusters)
         self.group_names = {int(c.name.rsplit(".", 1)[1]): c.name for c in children}
-        domains = [data.client_data(c).train_domain for c in ids]
-        if all(d is not None for d in domains):
-            truth, pred = torch.cat(domains), torch.cat(labels)
-            self.oracle = majority_mapping(pred, truth)
-            self.scores = {
-                "rand_index": float(rand_score(truth.numpy(), pred.numpy())),
-                "adjusted_rand_index": float(adjusted_rand_score(truth.numpy(), pred.numpy())),
-            }
+        contingency = ask("contingency", None)
+        if all(c is not None for c in contingency):
+            self.oracle, self.scores = oracle_and_scores(contingency, self.n_clusters)
             metrics.update({f"ddi/{k}": v for k, v in self.scores.items()})
-        if self.plots and federation.run_dir is not None:
+        if request["plots"]:
             from fl_lightning.ddi_plots import plot_gradient_scatter  # matplotlib only when plotting
 
-            plot_gradient_scatter(feats, labels, domains, federation.run_dir.path / "ddi_gradients.png")
-        self.selector = train_selector(
-            federation, self.clusters, self.oracle, self.n_clusters, self.seed, **self.selector_args
-        )
+            feats = [ClientFeatures(a["features"], a["present"]) for a in answers]
+            domains = [a["domain"] for a in answers]
+            plot_gradient_scatter(feats, labels, domains, server.run_dir.path / "ddi_gradients.png")
+        sizes = ask("sizes", bool(self.oracle))
+        directory = ClientDirectory(
+            {c: len(self.clusters[c]) for c in ids}, {c: s for c, s in zip(ids, sizes)}, server.data.batch_size,
+            self.seed,
+        )  # fmt: skip
+        image_shape = (server.data.in_channels, server.data.image_size)
+        self.selector = train_selector(server, self, directory, image_shape, self._selector_settings(server))
+        ask("selector_done", None)
+
+    def _selector_settings(self, server: Federation) -> dict[str, Any]:
+        return {**self.selector_args, "n_clusters": self.n_clusters, "seed": self.seed, "oracle": self.oracle,
+                "batch_size": server.data.batch_size}  # fmt: skip
 
     # ------------------------------------------------------------------ routed evaluation
     @override
-    def extra_evaluation(self, federation: Federation) -> dict[str, dict[str, dict[str, float]]]:
+    def extra_evaluation(self, server: Federation) -> dict[str, dict[str, dict[str, float]]]:
         if self.clusters is None:
             return {}
         if self.selector is None:  # resumed: rebuild the selector from its saved weights
-            from fl_lightning.cluster_selector import build_selector
-
-            self.selector = build_selector(federation, self.n_clusters, self.selector_args["width"])
+            self.selector = build_selector(
+                server.data.in_channels, server.data.image_size, self.n_clusters, self.selector_args["width"]
+            )
             self.selector.load_state_dict(self._selector_state)
+        groups = {g.name: g for g in server.groups}
+        fallback = next(iter(self.group_names.values()))
+        self._eval_token += 1  # clients build the models once per evaluation, not once per client
+        payload = {
+            "token": self._eval_token,
+            "models": [groups[self.group_names.get(m, fallback)].state for m in range(self.n_clusters)],
+            "selector": self.selector.state_dict(),
+            "oracle": self.oracle,
+            "width": self.selector_args["width"],
+        }
+        answers = server.query(self, "routed", list(server.data.client_ids), payload)
         out: dict[str, dict[str, dict[str, float]]] = {"selector": {}}
         if self.oracle:
             out["oracle"] = {}
-        for cid in federation.data.client_ids:
-            split = federation.data.client_data(cid)
-            if not len(split.test_y):
-                continue
-            routes = {"selector": predict_clusters(self.selector, split.test_x, federation.device)}
-            if self.oracle:
-                # a domain never seen in training goes to cluster 0
-                routes["oracle"] = torch.tensor([self.oracle.get(int(d), 0) for d in split.test_domain])
-            for name, route in routes.items():
-                out[name][cid] = self.routed_metrics(federation, cid, route)
+        for cid, routed in answers.items():
+            for name, metrics in (routed or {}).items():
+                out[name][cid] = metrics
         return out
 
-    def routed_metrics(self, federation: Federation, client_id: str, routes: Tensor) -> dict[str, float]:
-        """The client module's evaluation of ``client_id``'s test set with test image j sent to model ``routes[j]``."""
-        module = federation.module
-        groups = {g.name: g for g in federation.groups}
-        fallback = next(iter(self.group_names.values()))
-        models = [_full_model(module, groups[self.group_names.get(m, fallback)].state) for m in range(self.n_clusters)]
-        net, norm = module.net, module.input_norm
-        module.net, module.input_norm = _RoutedNet(models, routes), nn.Identity()
-        try:
-            return module.evaluate(federation.data.client_test_loader(client_id), federation.device)
-        finally:
-            module.net, module.input_norm = net, norm
+    # ------------------------------------------------------------------ client half
+    @override
+    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+        module = runtime.module
+        if not hasattr(module, "net") or not hasattr(module, "input_norm"):
+            raise PreconditionError(
+                "DomainIsolation needs a client module with `net` and `input_norm` (SegmentationClient)"
+            )
+        self._features: dict[str, ClientFeatures] = {}
+        self._gammas: dict[str, Tensor] = {}
+        self._selector_runtime: ClientRuntime | None = None
+        self._routing: tuple[int, list[nn.Module], nn.Module] | None = None
+
+    @override
+    def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
+        runtime, cid = ctx.runtime, ctx.client_id
+        split = runtime.data.client_data(cid) if name in ("features", "contingency", "sizes") else None
+        if name == "features":
+            model = _full_model(runtime.module, ctx.received).to(runtime.device)
+            keep = None
+            if payload["prune_fraction"] is not None:  # the server sends only the fraction and the seed
+                num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+                keep = prune_indices(num_params, payload["prune_fraction"], payload["seed"])
+            x, y = split.train_x.to(runtime.device), split.train_y.to(runtime.device)
+            num_classes = int(runtime.module.hparams.num_classes)
+            feats = client_features(model, x, y, num_classes, keep, payload["chunk_size"])
+            self._features[cid] = feats
+            self._gammas[cid] = torch.zeros(len(feats.present), num_classes, self.components, dtype=torch.float64)
+            if payload["plots"]:
+                return {"features": feats.features, "present": feats.present, "domain": split.train_domain}
+            return None
+        if name == "gammas":
+            return {"gamma": self._gammas[cid], "present": self._features[cid].present}
+        if name == "assign":
+            ctx.state["clusters"] = payload  # this client's samples' cluster ids stay with it
+            self._features.pop(cid, None)
+            self._gammas.pop(cid, None)
+            return None
+        if name == "contingency":
+            if split.train_domain is None:
+                return None
+            return torch.stack([ctx.state["clusters"], split.train_domain.to(torch.int64)], 1)
+        if name == "sizes":  # of the selector's test set: test images with oracle labels, else training images
+            return len(split.test_y) if payload and split.test_domain is not None else len(split.train_y)
+        if name == QUERY:
+            return self._selector(ctx, payload)
+        if name == "selector_done":
+            self._selector_runtime = None
+            return None
+        if name == "routed":
+            return self._routed(ctx, payload)
+        if isinstance(payload, dict) and "c" in payload:  # a step of class c's federated mixture fit
+            return client_class_answer(self._features[cid], self._gammas[cid], payload["c"], name, payload["step"])
+        return super().answer_query(ctx, name, payload)
+
+    def _selector(self, ctx: ClientContext, payload: dict[str, Any]) -> Any:
+        """A task of the selector's federation, answered by this side's selector runtime (built on first use)."""
+        if self._selector_runtime is None:
+            runtime = ctx.runtime
+            hosted = {
+                cid: (runtime.data.client_data(cid), states[self.state_key]["clusters"])
+                for cid, states in runtime.callback_states.items()
+                if "clusters" in states.get(self.state_key, {})
+            }
+            oracle = {int(k): int(v) for k, v in payload["settings"]["oracle"].items()}
+            splits = selector_splits(hosted, oracle)
+            self._selector_runtime = selector_runtime(splits, payload["settings"], runtime.device)
+        return self._selector_runtime.handle(payload["task"])
+
+    def _routed(self, ctx: ClientContext, payload: dict[str, Any]) -> dict[str, dict[str, float]] | None:
+        """Client side of the routed evaluation: each test image to the model of its predicted (or oracle) cluster."""
+        runtime, cid = ctx.runtime, ctx.client_id
+        split = runtime.data.client_data(cid)
+        if not len(split.test_y):
+            return None
+        if self._routing is None or self._routing[0] != payload["token"]:
+            models = [_full_model(runtime.module, state) for state in payload["models"]]
+            selector = build_selector(
+                runtime.data.in_channels, runtime.data.image_size, len(models), int(payload["width"])
+            )
+            selector.load_state_dict(payload["selector"])
+            self._routing = (payload["token"], models, selector)
+        _, models, selector = self._routing
+        routes = {"selector": predict_clusters(selector, split.test_x, runtime.device)}
+        oracle = {int(k): int(v) for k, v in payload["oracle"].items()}
+        if oracle:
+            # a domain never seen in training goes to cluster 0
+            routes["oracle"] = torch.tensor([oracle.get(int(d), 0) for d in split.test_domain])
+        return {name: routed_metrics(runtime, cid, models, route) for name, route in routes.items()}
 
     # ------------------------------------------------------------------ reporting and checkpoints
     @override
-    def summary_entries(self, federation: Federation) -> dict[str, Any]:
+    def summary_entries(self, server: Federation) -> dict[str, Any]:
         if self.clusters is None:
             return {"domain_isolation": {"split": False}}
         sizes = [int(sum(int((c == m).sum()) for c in self.clusters.values())) for m in range(self.n_clusters)]
@@ -201,6 +319,39 @@ class DomainIsolation(FederatedCallback):
         self.oracle = {int(k): int(v) for k, v in state_dict["oracle"].items()}
         self.scores = dict(state_dict["scores"])
         self._selector_state, self.selector = state_dict["selector"], None
+
+
+def oracle_and_scores(pairs: list[Tensor], n_clusters: int) -> tuple[dict[int, int], dict[str, float]]:
+    """Oracle routing and the clustering's Rand indices from the clients' (cluster, domain) pairs.
+
+    Args:
+        pairs: Per client, (N_i, 2) int64 rows of (cluster id, true domain) of its training samples.
+        n_clusters: M.
+
+    Returns:
+        True domain → the cluster holding most of its training samples, and the Rand and adjusted Rand index.
+    """
+    both = torch.cat(pairs)
+    pred, truth = both[:, 0], both[:, 1]
+    oracle = {}
+    for d in truth.unique().tolist():
+        oracle[int(d)] = int(torch.bincount(pred[truth == d], minlength=n_clusters).argmax())
+    scores = {
+        "rand_index": float(rand_score(truth.numpy(), pred.numpy())),
+        "adjusted_rand_index": float(adjusted_rand_score(truth.numpy(), pred.numpy())),
+    }
+    return oracle, scores
+
+
+def routed_metrics(runtime: ClientRuntime, client_id: str, models: list[nn.Module], routes: Tensor) -> dict[str, float]:
+    """The client module's evaluation of ``client_id``'s test set with test image j sent to model ``routes[j]``."""
+    module = runtime.module
+    net, norm = module.net, module.input_norm
+    module.net, module.input_norm = _RoutedNet(models, routes), nn.Identity()
+    try:
+        return module.evaluate(runtime.data.client_test_loader(client_id), runtime.device)
+    finally:
+        module.net, module.input_norm = net, norm
 
 
 def _full_model(module: nn.Module, state: dict[str, Tensor]) -> nn.Sequential:

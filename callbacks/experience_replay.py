@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
@@ -30,6 +31,7 @@ from fl_lightning.replay import BufferBatches, ReplayBuffer, ReplayLoader, batch
 
 if TYPE_CHECKING:
     from fl_lightning.federation import Federation
+    from fl_lightning.runtime import ClientContext, ClientRuntime
 
 # Fingerprint keys that must match to reuse generators from another run (`generators_from`): the same node data
 # and buffer; the GAN settings may differ (e.g. the privacy audit's generators trained without L_PP).
@@ -48,6 +50,13 @@ class ExperienceReplay(FederatedCallback):
 
     The join happens on the data path (:meth:`wrap_train_loader`): the node's loader yields
     ``(x, y, weights)`` batches, real samples first, and the client module weights per-sample losses.
+
+    Messages: nodes never talk to each other. The server relays: a ``take_buffer`` query to each node (its
+    own buffer: synthetic images and labels, or with ``buffer=latents`` its generator's weights, latent codes
+    and labels), then ``give_buffer`` to its successor, which keeps it as its private state. In FedER the
+    relay also moves the model (the Federation's ``take_private``/``put_private`` tasks); FedER-A never sends
+    a model. So the relay sees synthetic data (or a generator) and, in FedER, model weights — never a real
+    image (the privacy term L_PP keeps synthetic samples away from the real ones).
 
     Args:
         buffer_size: Synthetic samples in each node's buffer (the paper's 512).
@@ -96,30 +105,48 @@ class ExperienceReplay(FederatedCallback):
         self.gan = gan or PrivateGANConfig()
         self.make_generator, self.make_discriminator = generator, discriminator
         self.generators_from = generators_from
-        self.buffers: dict[str, ReplayBuffer] = {}  # node -> its own buffer
-        self.received: dict[str, str] = {}  # node -> the node whose buffer it holds (none before round 1)
-        self._round = 0
+        self.buffers: dict[str, ReplayBuffer] = {}  # client half: hosted node -> its own buffer
         self._distance: PerceptualDistance | None = None  # one LPIPS module for all nodes' GAN phases
 
-    # ------------------------------------------------------------------ set-up: the GAN phase
+    # ------------------------------------------------------------------ server half: the relay
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        if federation.config.topology != "peer_to_peer":
+    def on_federation_start(self, server: Federation) -> None:
+        self._check_topology(server.config.topology)
+
+    @override
+    def moves_models(self) -> bool:
+        return self.share == "model_and_buffer"
+
+    @override
+    def on_pass_on(self, server: Federation, round_idx: int, successor: dict[str, str]) -> None:
+        # Every node sends its own buffer (not the one it received) to its successor, through the server.
+        buffers = {node: server.query(self, "take_buffer", [node])[node] for node in successor}
+        for node, succ in successor.items():
+            server.query(self, "give_buffer", [succ], {"from": node, "buffer": buffers[node]})
+
+    # ------------------------------------------------------------------ client half: the GAN phase
+    @staticmethod
+    def _check_topology(topology: str) -> None:
+        if topology != "peer_to_peer":
             raise PreconditionError(
-                f"ExperienceReplay (FedER) needs federation.topology=peer_to_peer, got {federation.config.topology!r}"
+                f"ExperienceReplay (FedER) needs federation.topology=peer_to_peer, got {topology!r}"
             )
-        if not isinstance(federation.module, ClassificationClient):
+
+    @override
+    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+        self._check_topology(runtime.config.topology)
+        if not isinstance(runtime.module, ClassificationClient):
             raise PreconditionError(
                 "ExperienceReplay needs a ClassificationClient (its loss weights the replay samples), "
-                f"got {type(federation.module).__name__}"
+                f"got {type(runtime.module).__name__}"
             )
-        directory = federation.run_dir.path / GENERATORS_DIR
-        for node in federation.data.client_ids:
-            self.buffers[node] = self._node_buffer(federation, node, generator_path(directory, node))
+        directory = runtime.workdir / GENERATORS_DIR
+        for node in runtime.data.client_ids:
+            self.buffers[node] = self._node_buffer(runtime, node, generator_path(directory, node))
 
-    def _node_buffer(self, federation: Federation, node: str, path: Path) -> ReplayBuffer:
+    def _node_buffer(self, runtime: ClientRuntime, node: str, path: Path) -> ReplayBuffer:
         """Load the node's generator and buffer from the run (or ``generators_from``), or train and save them."""
-        data = federation.data
+        data = runtime.data
         split = data.client_data(node)
         expected = {
             "node": node,
@@ -147,65 +174,65 @@ class ExperienceReplay(FederatedCallback):
                 )
                 stored = None
         if stored is None:
-            stored = self._train_node(federation, node, expected)
+            stored = self._train_node(runtime, node, expected)
             save_node_gan(path, **stored)
-        generator = None
+        payload = {"labels": stored["labels"], "latents": stored["latents"]}
         if self.buffer_kind == "latents":
-            generator = self.make_generator(data.num_classes, data.in_channels, tuple(data.image_size))
-            generator.load_state_dict(stored["generator"])
-            generator.eval()
-        images = stored["images"] if generator is None else None
-        return ReplayBuffer(stored["labels"], stored["latents"], images=images, generator=generator)
+            payload["generator"] = stored["generator"]
+        else:
+            payload["images"] = stored["images"]
+        return self._buffer(payload, data)
 
-    def _train_node(self, federation: Federation, node: str, fingerprint: dict[str, Any]) -> dict[str, Any]:
-        split = federation.data.client_data(node)
-        federation.reporter.note(
+    def _buffer(self, payload: dict[str, Any], data: Any) -> ReplayBuffer:
+        """A buffer from its plain form (what travels): images, or the generator's weights with the codes."""
+        generator = None
+        if "generator" in payload:
+            generator = self.make_generator(data.num_classes, data.in_channels, tuple(data.image_size))
+            generator.load_state_dict(payload["generator"])
+            generator.eval()
+        return ReplayBuffer(payload["labels"], payload["latents"], images=payload.get("images"), generator=generator)
+
+    def _train_node(self, runtime: ClientRuntime, node: str, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        split = runtime.data.client_data(node)
+        runtime.note(
             f"FedER: training the private GAN of node {node!r} ({self.gan.num_steps(len(split.train_y))} steps)"
         )
         if self.gan.privacy_weight and self._distance is None:
             self._distance = self.gan.build_distance()
         stored = train_node_gan(
-            node, split.train_x, split.train_y, federation.data.num_classes, self.gan, self.buffer_size,
+            node, split.train_x, split.train_y, runtime.data.num_classes, self.gan, self.buffer_size,
             distance=self._distance, make_generator=self.make_generator, make_discriminator=self.make_discriminator,
-            device=federation.device,
+            device=runtime.device,
         )  # fmt: skip
         return {**stored, "fingerprint": fingerprint}
 
-    # ------------------------------------------------------------------ rounds
+    # ------------------------------------------------------------------ client half: rounds
     @override
-    def on_round_start(self, federation: Federation, round_idx: int, selected: list[str]) -> None:
-        self._round = round_idx
+    def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
+        if name == "take_buffer":
+            own = self.buffers[ctx.client_id]
+            out: dict[str, Tensor] = {"labels": own.labels, "latents": own.latents}
+            if own.generator is not None:
+                out["generator"] = own.generator.state_dict()
+            else:
+                out["images"] = own.images
+            return out
+        if name == "give_buffer":
+            ctx.state["received"] = payload  # {"from": node, "buffer": its plain buffer}
+            return None
+        return super().answer_query(ctx, name, payload)
 
     @override
-    def wrap_train_loader(self, federation: Federation, client_id: str, loader: DataLoader) -> Any:
-        source = self.received.get(client_id)
-        replay = self.buffers[source] if source is not None else None
-        seed = federation.seed
+    def wrap_train_loader(self, ctx: ClientContext, loader: DataLoader) -> Any:
+        received = ctx.state.get("received")
+        replay = self._buffer(received["buffer"], ctx.data) if received is not None else None
+        seed, client_id, round_idx = ctx.seed, ctx.client_id, ctx.round
         if self.train_on == "synthetic_only":
             # FedER-B: the real loader is only read for its batch sizes; its images never reach the model.
             own = BufferBatches(
-                self.buffers[client_id], batch_sizes(loader), stable_seed(seed, "own", client_id, self._round)
+                self.buffers[client_id], batch_sizes(loader), stable_seed(seed, "own", client_id, round_idx)
             )
-            return ReplayLoader(own, replay, self.replay_weight, stable_seed(seed, "replay", client_id, self._round))
+            return ReplayLoader(own, replay, self.replay_weight, stable_seed(seed, "replay", client_id, round_idx))
         if replay is None:
             return loader
-        return ReplayLoader(loader, replay, self.replay_weight, stable_seed(seed, "replay", client_id, self._round))
-
-    @override
-    def moves_models(self) -> bool:
-        return self.share == "model_and_buffer"
-
-    @override
-    def on_pass_on(self, federation: Federation, successor: dict[str, str]) -> None:
-        # Every node sends its own buffer (not the one it received) to its successor.
-        self.received = {succ: node for node, succ in successor.items()}
-
-    # ------------------------------------------------------------------ checkpoints
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        # Buffers live in <run dir>/generators/; which buffer each node holds is all the round state there is.
-        return {"received": dict(self.received)}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.received = dict(state_dict["received"])
+        return ReplayLoader(loader, replay, self.replay_weight, stable_seed(seed, "replay", client_id, round_idx))

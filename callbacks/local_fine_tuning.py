@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
@@ -16,6 +16,7 @@ from fl_lightning.ops import clone_state
 
 if TYPE_CHECKING:
     from fl_lightning.federation import Federation
+    from fl_lightning.runtime import ClientContext
 
 MODEL_NAME = "finetuned"
 
@@ -46,6 +47,9 @@ class LocalFineTuning(FederatedCallback):
     A client whose fine-tuning fit fails is left out of ``finetuned`` with a warning. Only federated
     star-topology runs are accepted (``on_federation_start`` names ``federation.mode``/``topology``).
 
+    Messages: one ``finetune`` query task per client with a test set, carrying its group's global state;
+    the client fine-tunes on its own runtime and replies with its test metrics only.
+
     Args:
         epochs: Local fine-tuning epochs k ≥ 0 (k = 0 ⇒ FedAvg).
         every_eval: Fine-tune at every evaluation (``federation.eval_every``), not only the final one.
@@ -63,8 +67,8 @@ class LocalFineTuning(FederatedCallback):
         self._warned_multi_group = False
 
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        cfg = federation.config
+    def on_federation_start(self, server: Federation) -> None:
+        cfg = server.config
         # (The Federation already refuses any federated callback outside federated mode; this names the reason.)
         if cfg.mode != "federated":
             raise ValueError(
@@ -77,13 +81,45 @@ class LocalFineTuning(FederatedCallback):
                 "peer-to-peer runs have no global model to fine-tune"
             )
 
+    # ------------------------------------------------------------------ server half
     @override
-    def extra_evaluation(self, federation: Federation) -> dict[str, dict[str, dict[str, float]]]:
-        # During run_round(r) federation.round is still r, so the final round's evaluation has round + 1 == rounds;
+    def extra_evaluation(self, server: Federation) -> dict[str, dict[str, dict[str, float]]]:
+        # During run_round(r) server.round is still r, so the final round's evaluation has round + 1 == rounds;
         # an evaluation after the run (round == rounds) is of the final model too.
-        if not self.every_eval and federation.round + 1 < federation.config.rounds:
+        if not self.every_eval and server.round + 1 < server.config.rounds:
             return {}
-        module, trainer = federation.module, federation.trainer
+        results: dict[str, dict[str, float]] = {}
+        for cid in server.data.client_ids:
+            if not server.data.num_test_samples(cid):
+                continue
+            group = server.group_of(cid)
+            self._warn_if_in_several_groups(server, cid)
+            answer = server.query(self, "finetune", [cid], self.epochs, group=group.name, state=group.state)[cid]
+            if answer["error"] is not None:
+                warnings.warn(
+                    f"fine-tuning of client {cid!r} failed; left out of {MODEL_NAME!r}: {answer['error']}", stacklevel=2
+                )
+            else:
+                results[cid] = answer["metrics"]
+        return {MODEL_NAME: results}
+
+    def _warn_if_in_several_groups(self, server: Federation, client_id: str) -> None:
+        groups = [g.name for g in server.groups if client_id in g.members]
+        if len(groups) > 1 and not self._warned_multi_group:
+            self._warned_multi_group = True
+            warnings.warn(
+                f"client {client_id!r} trains in several sample-level groups {groups}; LocalFineTuning fine-tunes "
+                f"the model of {groups[0]!r} (the one its global/personal evaluation uses) on all its data",
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------ client half
+    @override
+    def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
+        if name != "finetune":
+            return super().answer_query(ctx, name, payload)
+        runtime = ctx.runtime
+        module, trainer = runtime.module, runtime.trainer
         saved = clone_state(module.state_dict())
         rng = rng_state()
         callbacks = trainer.callbacks
@@ -92,54 +128,34 @@ class LocalFineTuning(FederatedCallback):
         # MOON its contrastive term) nor update their per-client state from it. So only the non-federated
         # callbacks (Lightning's own, the fitter's probe) stay attached; the list is restored whatever happens.
         trainer.callbacks = [cb for cb in callbacks if not isinstance(cb, FederatedCallback)]
-        results: dict[str, dict[str, float]] = {}
         try:
-            for cid in federation.data.client_ids:
-                if federation.data.num_test_samples(cid):
-                    metrics = self.fine_tune(federation, cid)
-                    if metrics is not None:
-                        results[cid] = metrics
+            return self.fine_tune(ctx, int(payload))
         finally:
             trainer.callbacks = callbacks
             module.load_state_dict(saved)
             set_rng_state(rng)
-        return {MODEL_NAME: results}
 
-    def fine_tune(self, federation: Federation, client_id: str) -> dict[str, float] | None:
+    def fine_tune(self, ctx: ClientContext, epochs: int) -> dict[str, Any]:
         """Load the client's model, train it ``epochs`` epochs on its data, and evaluate it on its test set.
 
         Returns:
-            The client module's test metrics, or ``None`` (with a warning) if the fine-tuning fit failed.
+            ``{"metrics": test metrics, "error": None}``, or ``{"metrics": None, "error": reason}`` if the fit failed.
 
         """
-        module, data, device = federation.module, federation.data, federation.device
-        group = federation.group_of(client_id)
-        self._warn_if_in_several_groups(federation, client_id)
+        runtime, cid = ctx.runtime, ctx.client_id
+        module, data, device = runtime.module, runtime.data, runtime.device
         # What the "personal" evaluation loads (the group's global state with the client's private state).
-        module.load_state_dict({**group.state, **federation.private.get((group.name, client_id), {})})
-        if self.epochs:
-            n = data.num_train_samples(client_id)
+        module.load_state_dict({**ctx.received, **runtime.private_state(cid, ctx.group)})
+        if epochs:
+            n = data.num_train_samples(cid)
             # Its own sampler: the client's persistent one (federated training's shuffling) must not advance.
-            sampler = SeededEpochSampler(n, stable_seed(data.seed, client_id, "finetune"))
-            loader = data.client_subset_train_loader(client_id, torch.arange(n), sampler)
+            sampler = SeededEpochSampler(n, stable_seed(data.seed, cid, "finetune"))
+            loader = data.client_subset_train_loader(cid, torch.arange(n), sampler)
             try:  # a fresh optimiser (no kept optimiser state), as the module configures it
-                federation.fitter.fit(module, loader, self.epochs, client_id)
+                runtime.fitter.fit(module, loader, epochs, cid)
             except PreconditionError:
                 raise
             except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
-                warnings.warn(
-                    f"fine-tuning of client {client_id!r} failed; left out of {MODEL_NAME!r}: {err!r}", stacklevel=2
-                )
-                return None
+                return {"metrics": None, "error": repr(err)}
         module.to(device)  # a strategy other than the fitter's resident one moves it to the CPU after a fit
-        return module.evaluate(data.client_test_loader(client_id), device)
-
-    def _warn_if_in_several_groups(self, federation: Federation, client_id: str) -> None:
-        groups = [g.name for g in federation.groups if client_id in g.members]
-        if len(groups) > 1 and not self._warned_multi_group:
-            self._warned_multi_group = True
-            warnings.warn(
-                f"client {client_id!r} trains in several sample-level groups {groups}; LocalFineTuning fine-tunes "
-                f"the model of {groups[0]!r} (the one its global/personal evaluation uses) on all its data",
-                stacklevel=2,
-            )
+        return {"metrics": module.evaluate(data.client_test_loader(cid), device), "error": None}

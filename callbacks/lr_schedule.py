@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-import lightning as L
 from typing_extensions import override
 
 from callbacks.base import FederatedCallback
@@ -14,14 +13,17 @@ from fl_lightning.ops.lr_schedule import check_schedule_args, lr_factor
 
 if TYPE_CHECKING:
     from fl_lightning.federation import Federation
+    from fl_lightning.protocol import Task
+    from fl_lightning.runtime import ClientRuntime
 
 
 class LRSchedule(FederatedCallback):
     """Decays the clients' local learning rate over the federated rounds: η_r = model.lr · factor(r).
 
-    Before each local fit the client module's ``lr_factor`` is set to the factor of the running round
-    r (0-based) of R = ``federation.rounds``; the module's optimiser is then built with
-    ``model.lr · lr_factor``, so every client of a round trains with the same η_r:
+    The server puts the factor of the running round r (0-based) of R = ``federation.rounds`` in every
+    ``fit`` task's budget (``task.lr_factor``); the client runtime sets the module's ``lr_factor`` to it
+    before the local fit, and the module's optimiser is built with ``model.lr · lr_factor``, so every
+    client of a round trains with the same η_r:
 
     - ``constant``: 1 (the schedule does nothing)
     - ``exponential``: γ^r
@@ -81,8 +83,8 @@ class LRSchedule(FederatedCallback):
         )
 
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        module = federation.module
+    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+        module = runtime.module
         if not hasattr(module, "lr_factor"):
             raise PreconditionError(
                 f"LRSchedule needs a client module with an lr_factor attribute (a ClientModule), got {type(module)}"
@@ -100,6 +102,5 @@ class LRSchedule(FederatedCallback):
             )
 
     @override
-    def on_client_start(self, federation: Federation, client_id: str, module: L.LightningModule) -> None:
-        # federation.round is the 0-based index of the running round (set to r + 1 only after round r)
-        module.lr_factor = self.factor(federation.round, federation.config.rounds)
+    def configure_task(self, server: Federation, task: Task) -> None:
+        task.lr_factor = self.factor(task.round, server.config.rounds)

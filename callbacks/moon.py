@@ -15,19 +15,21 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.moon import moon_contrastive_loss
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import ClientUpdate, Federation
+    from fl_lightning.protocol import Reply
+    from fl_lightning.runtime import ClientContext, ClientRuntime
 
 
 class Moon(FederatedCallback):
     """Adds μ·ℓ_con to each client's loss (Li, He, Song, 2021); the server does FedAvg.
 
-    Contract: the client module's ``net`` exposes ``features`` (the representation z; in SmallCNN
-    and MLP it ends with a hidden linear layer, which plays the part of MOON's projection head) and
-    ``classifier``, and the module supports ``loss_terms`` (every ClientModule does). The global
-    and previous models are frozen copies used in eval mode (their BatchNorm statistics are not
-    disturbed). A client training for the first time uses the global model as its previous model,
-    which makes ℓ_con constant (log 2) with zero gradient. Each client's previous model is private
-    state kept on the CPU (the method needs one model copy per client).
+    A client-only method: it adds nothing to the messages. Contract: the client module's ``net`` exposes
+    ``features`` (the representation z; in SmallCNN and MLP it ends with a hidden linear layer, which plays
+    the part of MOON's projection head) and ``classifier``, and the module supports ``loss_terms`` (every
+    ClientModule does). The global and previous models are frozen copies used in eval mode (their BatchNorm
+    statistics are not disturbed) and see the input exactly as the local model saw it (after the module's
+    ``input_norm``, never a second pass through it). A client training for the first time uses the global
+    model as its previous model, which makes ℓ_con constant (log 2) with zero gradient. Each client's
+    previous model is its private state (``ctx.state["previous"]``, on the CPU, in its runtime).
 
     Args:
         mu: Weight μ of the contrastive term; 0 gives FedAvg.
@@ -40,41 +42,39 @@ class Moon(FederatedCallback):
         if mu < 0 or temperature <= 0:
             raise ValueError(f"Moon needs mu >= 0 and temperature > 0, got mu={mu}, temperature={temperature}")
         self.mu, self.temperature = mu, temperature
-        self.previous: dict[str, dict[str, Tensor]] = {}
-        self._client: str | None = None
+        self._ctx: ClientContext | None = None
         self._frozen: tuple[nn.Module, nn.Module] | None = None
 
     @override
-    def on_federation_start(self, federation: Federation) -> None:
-        net = getattr(federation.module, "net", None)
+    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+        net = getattr(runtime.module, "net", None)
         if not (isinstance(net, nn.Module) and hasattr(net, "features") and hasattr(net, "classifier")):
             raise PreconditionError(
                 "Moon needs the client module's `net` to expose `features` (the representation) and "
                 f"`classifier` modules; {type(net).__name__} does not (use model.arch=cnn or mlp)"
             )
-        if not hasattr(federation.module, "loss_terms"):
+        if not hasattr(runtime.module, "loss_terms"):
             raise PreconditionError("Moon needs a ClientModule with `loss_terms`")
 
     @override
-    def on_client_start(self, federation: Federation, client_id: str, module: L.LightningModule) -> None:
-        self._client = client_id
+    def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
+        self._ctx = ctx
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Copies made here, after Lightning moved the module to its device; the weights are the received global ones.
         global_net = _frozen_copy(pl_module.net)
         previous_net = _frozen_copy(pl_module.net)
-        if self._client in self.previous:
-            previous_net.load_state_dict(self.previous[self._client])
+        previous = self._ctx.state.get("previous")
+        if previous is not None:
+            previous_net.load_state_dict(previous)
         self._frozen = (global_net, previous_net)
-        self._input_norm = pl_module.input_norm
         pl_module.loss_terms["moon"] = self._term
 
-    def _term(self, x: Tensor, features: Tensor, **_: Any) -> Tensor:
+    def _term(self, features: Tensor, x_normalized: Tensor, **_: Any) -> Tensor:
         global_net, previous_net = self._frozen
         with torch.no_grad():
-            x = self._input_norm(x)
-            z_global, z_previous = global_net.features(x), previous_net.features(x)
+            z_global, z_previous = global_net.features(x_normalized), previous_net.features(x_normalized)
         return self.mu * moon_contrastive_loss(features, z_global, z_previous, self.temperature)
 
     @override
@@ -83,18 +83,9 @@ class Moon(FederatedCallback):
         self._frozen = None
 
     @override
-    def on_client_end(
-        self, federation: Federation, client_id: str, module: L.LightningModule, update: ClientUpdate
-    ) -> None:
-        self.previous[client_id] = {k.removeprefix("net."): v for k, v in update.state.items() if k.startswith("net.")}
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"previous": self.previous}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.previous = {cid: dict(v) for cid, v in state_dict["previous"].items()}
+    def on_client_end(self, ctx: ClientContext, module: L.LightningModule, reply: Reply) -> None:
+        ctx.state["previous"] = {k.removeprefix("net."): v for k, v in reply.state.items() if k.startswith("net.")}
+        self._ctx = None
 
 
 def _frozen_copy(net: nn.Module) -> nn.Module:

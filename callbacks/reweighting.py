@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -13,7 +13,8 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.label_shift import inverse_prior_weights
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import ClientUpdate, Federation
+    from fl_lightning.protocol import Reply
+    from fl_lightning.runtime import ClientContext
 
 WEIGHT_KEY = "class_weight"
 
@@ -21,14 +22,11 @@ WEIGHT_KEY = "class_weight"
 class Reweighting(FederatedCallback):
     """Each client weights its cross-entropy by w_c ∝ 1/π_{i,c} (mean 1 over the classes it holds).
 
-    π_{i,c} is the Laplace-smoothed prior of FedShift. The weights live in the client module's
-    ``class_weight`` buffer (private, never averaged) and only the training loss reads them. A
-    client whose weights are all equal (balanced data) trains exactly as in FedAvg.
+    π_{i,c} is the Laplace-smoothed prior of FedShift, computed by each client from its own label counts
+    (a client-only method: nothing travels). The weights live in the client module's ``class_weight`` buffer
+    (private, never averaged) and only the training loss reads them. A client whose weights are all equal
+    (balanced data) trains exactly as in FedAvg.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weights: dict[str, torch.Tensor] = {}
 
     @override
     def private_keys(self, module: L.LightningModule) -> set[str]:
@@ -36,28 +34,17 @@ class Reweighting(FederatedCallback):
             raise PreconditionError(f"Reweighting needs a client module with a `{WEIGHT_KEY}` buffer")
         return {WEIGHT_KEY}
 
-    @override
-    def on_federation_start(self, federation: Federation) -> None:
-        self.weights = {
-            cid: inverse_prior_weights(federation.data.label_counts(cid)).float() for cid in federation.data.client_ids
-        }
+    @staticmethod
+    def client_weights(ctx: ClientContext) -> torch.Tensor:
+        """The client's class weights, from its own label counts."""
+        return inverse_prior_weights(ctx.data.label_counts(ctx.client_id)).float()
 
     @override
-    def on_client_start(self, federation: Federation, client_id: str, module: L.LightningModule) -> None:
-        w = self.weights[client_id]
+    def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
+        w = self.client_weights(ctx)
         getattr(module, WEIGHT_KEY).copy_(w)
         module.use_class_weight = not bool(torch.all(w == w[0]))  # uniform weights change nothing: skip them
 
     @override
-    def on_client_end(
-        self, federation: Federation, client_id: str, module: L.LightningModule, update: ClientUpdate
-    ) -> None:
+    def on_client_end(self, ctx: ClientContext, module: L.LightningModule, reply: Reply) -> None:
         module.use_class_weight = False
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"weights": self.weights}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.weights = dict(state_dict["weights"])

@@ -14,7 +14,7 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.sharpness import perturb, restore
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.runtime import ClientRuntime
 
 METHOD = "WeightPerturbation"
 
@@ -65,10 +65,10 @@ class WeightPerturbation(FederatedCallback):
             raise PreconditionError(f"{METHOD} needs a module with training_loss(batch) (a ClientModule)")
 
     @override
-    def on_federation_start(self, federation: Federation) -> None:
+    def on_runtime_start(self, runtime: ClientRuntime) -> None:
         # Loud before the first round: the same checks as at each fit start, without waiting for a Trainer fit.
-        single_optimizer(federation.module, METHOD)
-        self.check(federation.trainer, federation.module)
+        single_optimizer(runtime.module, METHOD)
+        self.check(runtime.trainer, runtime.module)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from datamodules.base import FederatedDataModule
+from fl_lightning.checkpoint import rng_state, set_rng_state
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.federation import Federation
+from fl_lightning.runtime import ClientRuntime
 
 # The shared Trainer trains every client in turn; these are the settings that make that correct and quiet.
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -77,13 +80,25 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("WANDB_SILENT", "true")
     cli = build_cli(args)
     federation_cfg: FederationConfig = cli.config_init["federation"]
+    seed = int(cli.config["seed_everything"])
+
+    def runtime_factory() -> ClientRuntime:
+        """The serialized transport's client runtime, instantiated from the same arguments: its own copies."""
+        saved = rng_state()  # instantiating seeds and draws initial weights: leave the run's generators as they are
+        try:
+            own = build_cli([*(sys.argv[1:] if args is None else args), "--trainer.logger=false"])
+        finally:
+            set_rng_state(saved)
+        return ClientRuntime(own.model, own.datamodule, own.trainer, own.config_init["federation"], seed)
+
     federation = Federation(
         federation_cfg,
         module=cli.model,
         datamodule=cli.datamodule,
         trainer=cli.trainer,
-        seed=int(cli.config["seed_everything"]),
+        seed=seed,
         config_text=cli.parser.dump(cli.config, skip_check=True),
         config_dict=cli.config.clone().as_dict(),
+        runtime_factory=runtime_factory,
     )
     return federation.run()

@@ -1,4 +1,11 @@
-"""The round manager: one readable loop over rounds, clients and model groups."""
+"""The server: one readable loop over rounds, clients and model groups, talking to clients only through tasks.
+
+The Federation selects clients, sends them tasks (:mod:`fl_lightning.protocol`) through a transport
+(:mod:`fl_lightning.transport`), aggregates the replies per model group, runs the callbacks' server halves,
+orchestrates evaluation, records the round and checkpoints the server's state together with the client
+runtime's. Everything a client holds (data, private state, optimiser state) lives in the
+:class:`~fl_lightning.runtime.ClientRuntime` on the other side of the transport.
+"""
 
 from __future__ import annotations
 
@@ -6,49 +13,54 @@ import copy
 import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
-from callbacks.base import FederatedCallback
 from datamodules.base import FederatedDataModule
-from datamodules.sampler import SeededEpochSampler, stable_seed
-from fl_lightning import records
+from fl_lightning import protocol, records
+from fl_lightning.callback import FederatedCallback, check_composition
 from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.environment import environment_record
-from fl_lightning.errors import PreconditionError
 from fl_lightning.evaluation import summarise
-from fl_lightning.local_fit import LocalFitter
-from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state, select_keys
-from fl_lightning.ops.state import StateDict, all_finite, nest_by_group, unnest_by_group
+from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state
+from fl_lightning.ops.state import StateDict
 from fl_lightning.plots import plot_curves, plot_node_matrix, plot_partition
+from fl_lightning.protocol import Reply, Task
 from fl_lightning.report import RoundReporter
 from fl_lightning.resume import resolve_resume
 from fl_lightning.run_dir import RunDirectory, json_safe
+from fl_lightning.runtime import POOLED, ClientRuntime
 from fl_lightning.selection import num_selected, random_cycle, select_clients
-from fl_lightning.state import ClientUpdate, ModelGroup
+from fl_lightning.state import ModelGroup
 from fl_lightning.tracking import RoundTracker
+from fl_lightning.transport import TRANSPORTS, Transport
 
-CHECKPOINT_VERSION = 1
-
-POOLED = "__pooled__"  # the single pseudo-client of centralised training
+CHECKPOINT_VERSION = 2  # 2: client state held by the runtime (the client/server boundary)
 
 
 class Federation:
-    """Trains a client module over the clients of a federated datamodule, one shared Trainer for all.
+    """The server: trains a client module over the clients of a federated datamodule through a client runtime.
 
     Args:
         config: Round settings (the ``federation:`` config section).
-        module: The client module; ONE instance is reused for every client (weights are loaded into it).
-        datamodule: Per-client data.
-        trainer: The shared Trainer; its ``FederatedCallback`` callbacks define the method.
+        module: The client module template (the initial global state; in-process, also the runtime's module).
+        datamodule: The clients' data. The server reads only its metadata (client ids, sample counts, the
+            partition for ``partition.png``); training and evaluation happen in the runtime.
+        trainer: The Trainer; its ``FederatedCallback`` callbacks define the method (their server halves run here).
         seed: Seed of client sampling and peer-to-peer order (the run's ``seed_everything``).
         config_text: Resolved config to save in the run directory.
+        config_dict: Resolved config for the loggers.
         reporter: Terminal output (default: Rich, enabled by ``config.progress``).
+        runtime_factory: Builds the client runtime of the ``serialized`` transport from its own copies of
+            config and data (the CLI re-instantiates them); default: deep copies of module, data and Trainer.
+        transport: A ready transport instead of the one ``config.transport`` names (e.g. a relay through
+            another federation); ``datamodule`` may then be a :class:`~fl_lightning.directory.ClientDirectory`.
 
     """
 
@@ -62,6 +74,8 @@ class Federation:
         config_text: str | None = None,
         config_dict: dict[str, Any] | None = None,
         reporter: RoundReporter | None = None,
+        runtime_factory: Callable[[], ClientRuntime] | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.config, self.module, self.data, self.trainer, self.seed = config, module, datamodule, trainer, seed
         self.config_text, self.config_dict = config_text, config_dict
@@ -69,13 +83,9 @@ class Federation:
         self.reporter = reporter or RoundReporter(enabled=config.progress)
         self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
         self._check_mode()
-        self.fitter = LocalFitter(trainer)
+        self._check_callbacks()
+        self.transport = transport or self._make_transport(runtime_factory)
         self.groups: list[ModelGroup] = []
-        self.private: dict[tuple[str, str], StateDict] = {}  # (group, client) -> state that never leaves it
-        self.optimizer_states: dict[tuple[str, str], dict[str, Any]] = {}
-        # (group, client) -> persistent shuffling of a sample-level group's subset (sample-clustered FL)
-        self.subset_samplers: dict[tuple[str, str], SeededEpochSampler] = {}
-        self.private_keys: set[str] = set()
         self.round = 0
         self.run_dir: RunDirectory | None = None
         self.last_evaluation: dict[str, Any] = {}
@@ -90,9 +100,41 @@ class Federation:
                 f"remove the federated callbacks {names} from trainer.callbacks"
             )
 
+    def _check_callbacks(self) -> None:
+        keys = [cb.state_key for cb in self.callbacks]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(
+                f"trainer.callbacks holds {twice} more than once; a method's two instances would both act on every "
+                "client (e.g. FedProx twice adds two proximal terms): configure each method once"
+            )
+        check_composition(self.callbacks)
+
+    def _make_transport(self, runtime_factory: Callable[[], ClientRuntime] | None) -> Transport:
+        kind = self.config.transport
+        if kind not in TRANSPORTS:
+            raise ValueError(f"federation.transport must be one of {sorted(TRANSPORTS)}, got {kind!r}")
+        if kind == "inprocess":
+            # One module, data and Trainer for both sides: the server prepares the module, the runtime reuses it.
+            runtime = ClientRuntime(
+                self.module, self.data, self.trainer, self.config, self.seed, prepared=True, note=self.reporter.note
+            )
+        elif runtime_factory is not None:
+            runtime = runtime_factory()
+        else:  # the runtime's own copies, taken before the server touches anything
+            runtime = ClientRuntime(
+                copy.deepcopy(self.module),
+                copy.deepcopy(self.data),
+                copy.deepcopy(self.trainer),
+                self.config,
+                self.seed,
+                note=self.reporter.note,
+            )
+        return TRANSPORTS[kind](runtime)
+
     @property
     def device(self) -> torch.device:
-        """Device of the shared Trainer (where evaluation runs)."""
+        """Device of the server's Trainer."""
         return self.trainer.strategy.root_device
 
     @property
@@ -101,23 +143,31 @@ class Federation:
         return self.config.mode != "local" and self.config.topology == "star"
 
     def setup(self) -> None:
-        """Create the model group(s) from the module's initial weights and decide what stays private."""
+        """Create the model group(s) from the module's initial weights; prepare the client runtime."""
         cfg = self.config
         if not self.data.client_ids:
             raise ValueError("the datamodule has no clients")
         for cb in self.callbacks:
-            cb.prepare_module(self, self.module)
+            cb.prepare_module(self.module, self.data)
         init = clone_state(self.module.state_dict())
         members = [POOLED] if cfg.mode == "centralized" else list(self.data.client_ids)
         self.groups = [ModelGroup("global", init, members)]
-        if cfg.mode == "local" or cfg.topology == "peer_to_peer":
-            self.private_keys = set(init)  # every node holds a whole model of its own
-        else:
-            self.private_keys = set().union(*(cb.private_keys(self.module) for cb in self.callbacks))
-        unknown = self.private_keys - set(init)
+        declared = set().union(*(cb.private_keys(self.module) for cb in self.callbacks))
+        unknown = declared - set(init)
         if unknown:
             raise KeyError(f"callbacks declared private keys the model does not have: {sorted(unknown)[:5]}")
-        self.keep_optimizer_state = cfg.keep_optimizer_state or cfg.mode in ("local", "centralized")
+        self.transport.prepare()
+
+    # ------------------------------------------------------------------ simulation introspection
+    @property
+    def runtime(self) -> ClientRuntime:
+        """The client runtime behind the transport (simulation only; a deployment has no such object here)."""
+        return self.transport.runtime
+
+    @property
+    def private(self) -> dict[tuple[str, str], StateDict]:
+        """Simulation introspection: the runtime's private states keyed ``(group, client)``."""
+        return {(g, c): st for c, groups in self.runtime.private.items() for g, st in groups.items()}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -131,6 +181,7 @@ class Federation:
         cfg = self.config
         run_id = self._open_run_dir()
         self.tracker.start(self.run_dir.path, self.config_dict, run_id=run_id)
+        self.transport.start(self.run_dir.path)
         for cb in self.callbacks:
             cb.on_federation_start(self)
         self.reporter.start(cfg.rounds, str(self.run_dir.path), first_round=self.round)
@@ -185,7 +236,7 @@ class Federation:
         return {c: torch.bincount(d, minlength=size).numpy() for c, d in domains.items()}
 
     def run_round(self, r: int) -> dict[str, Any]:
-        """One round: select → train each client → aggregate each group → evaluate → record."""
+        """One round: select → fit tasks → aggregate each group's replies → evaluate → record."""
         cfg = self.config
         t_round = time.perf_counter()
         # --- select
@@ -193,7 +244,7 @@ class Federation:
         for cb in self.callbacks:
             cb.on_round_start(self, r, selected)
         self.reporter.round_start(sum(len([c for c in selected if c in g.members]) for g in self.groups))
-        # --- local training and streaming aggregation, per group
+        # --- local training and streaming aggregation, per group; replies in the order of the selection
         trained: dict[str, dict[str, Any]] = {}
         failed: list[str] = []
         t_train = t_agg = 0.0
@@ -207,20 +258,20 @@ class Federation:
             mean = RunningWeightedMean()
             for cid, weight in zip(members, weights):
                 t0 = time.perf_counter()
-                update = self.train_client(group, cid, weight)
+                task = self.fit_task(r, group, cid)
+                reply = self.transport.request(task)
                 t_train += time.perf_counter() - t0
                 self.reporter.client_done()
-                if update is None:
+                if reply.error is not None:
+                    warnings.warn(f"client {cid!r} failed and is left out of this round: {reply.error}", stacklevel=2)
                     failed.append(cid)
                     continue
-                samples += _samples_trained(update, self.data.batch_size, cfg.local_steps is not None)
-                trained[cid] = {
-                    "train_samples": update.num_samples,
-                    "train_steps": update.num_steps,
-                    **update.metrics,
-                }
+                samples += _samples_trained(reply, self.data.batch_size, cfg.local_steps is not None)
+                trained[cid] = {"train_samples": reply.num_samples, "train_steps": reply.num_steps, **reply.metrics}
                 t0 = time.perf_counter()
-                mean.add(update.state, update.weight)
+                for cb in self.callbacks:
+                    cb.on_reply(self, task, reply, weight)
+                mean.add(reply.state, weight)
                 t_agg += time.perf_counter() - t0
             if not mean.count:
                 raise RuntimeError(f"round {r}: every selected client of group {group.name!r} failed: {members}")
@@ -230,11 +281,13 @@ class Federation:
             t_agg += time.perf_counter() - t0
         if cfg.topology == "peer_to_peer":
             self.pass_on(r)
+        bytes_down, bytes_up = self.transport.take_counts()
         # --- evaluate
         t0 = time.perf_counter()
         is_last = r + 1 == cfg.rounds
         evaluation = self.evaluate() if is_last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0) else {}
         t_eval = time.perf_counter() - t0
+        eval_down, eval_up = self.transport.take_counts()
         # --- record
         round_row = {
             "round": r + 1,
@@ -245,6 +298,10 @@ class Federation:
             "time/eval": t_eval,
             "time/round": time.perf_counter() - t_round,
             "throughput/samples_per_s": samples / t_train if t_train else 0.0,
+            "comm/bytes_down": bytes_down,
+            "comm/bytes_up": bytes_up,
+            "comm/eval_bytes_down": eval_down,
+            "comm/eval_bytes_up": eval_up,
         }
         for model, stats in evaluation.get("summary", {}).items():
             round_row.update({f"eval/{model}/{m}": s["mean"] for m, s in stats.items()})
@@ -271,6 +328,61 @@ class Federation:
         """Client ids, with the pooled pseudo-client standing for every client."""
         return set(self.data.client_ids) if POOLED in client_ids else set(client_ids)
 
+    # ------------------------------------------------------------------ messages
+    def fit_task(self, r: int, group: ModelGroup, client_id: str) -> Task:
+        """The ``fit`` task of ``client_id`` in ``group`` for round ``r``, with the callbacks' payloads."""
+        cfg = self.config
+        subset = group.subsets.get(client_id) if group.subsets is not None else None
+        task = Task(
+            protocol.FIT,
+            r,
+            client_id,
+            group.name,
+            state=group.state,
+            epochs=cfg.local_epochs,
+            steps=cfg.local_steps,
+            subset=subset,
+        )
+        for cb in self.callbacks:
+            cb.configure_task(self, task)
+        return task
+
+    def query(
+        self,
+        callback: FederatedCallback,
+        name: str,
+        client_ids: list[str],
+        payloads: dict[str, Any] | Any = None,
+        group: str = "",
+        state: StateDict | None = None,
+        per_client: bool = False,
+    ) -> dict[str, Any]:
+        """Ask each client in ``client_ids`` the callback's named query; returns ``{client: answer}`` in that order.
+
+        Args:
+            callback: The asking callback (its client half answers).
+            name: The query's name.
+            client_ids: Who is asked.
+            payloads: The payload for every client, or (``per_client``) a dict of payloads by client.
+            group: The group the query is about.
+            state: A model state to send along (e.g. a group's global state).
+            per_client: ``payloads`` is keyed by client id.
+        """  # fmt: skip
+        answers = {}
+        for cid in client_ids:
+            payload = payloads.get(cid) if per_client else payloads
+            task = Task(
+                protocol.QUERY, self.round, cid, group, state=state, query=f"{callback.state_key}/{name}",
+                payloads={callback.state_key: payload},
+            )  # fmt: skip
+            answers[cid] = callback.received(self.transport.request(task))
+        return answers
+
+    def _runtime_op(
+        self, kind: str, client_id: str, group: str, state: StateDict | None = None, **options: Any
+    ) -> Reply:
+        return self.transport.request(Task(kind, self.round, client_id, group, state=state, options=options))
+
     # ------------------------------------------------------------------ phases
     def select(self, r: int) -> list[str]:
         """Clients that train in round ``r`` (all of them in local and centralised mode)."""
@@ -283,67 +395,15 @@ class Federation:
         return select_clients(ids, r, self.seed, num_selected(len(ids), cfg.client_fraction, cfg.clients_per_round))
 
     def num_samples(self, client_id: str, group: ModelGroup | None = None) -> int:
-        """Training samples of a client (all clients' for the pooled pseudo-client; n_{i,m} in a sample-level group)."""
+        """Training samples of a client (all clients' for the pooled pseudo-client; n_{i,m} in a sample-level group).
+
+        The server knows these counts (as every FL server knows its clients' sizes); it never sees the samples.
+        """
         if group is not None and group.subsets is not None and client_id in group.subsets:
             return len(group.subsets[client_id])
         if client_id == POOLED:
             return sum(self.data.num_train_samples(c) for c in self.data.client_ids)
         return self.data.num_train_samples(client_id)
-
-    def train_client(self, group: ModelGroup, client_id: str, weight: float) -> ClientUpdate | None:
-        """Load the client's weights, fit locally, and package the upload; ``None`` if the client failed."""
-        cfg, module, key = self.config, self.module, (group.name, client_id)
-        module.load_state_dict({**group.state, **self.private.get(key, {})})
-        for cb in self.callbacks:
-            cb.on_client_start(self, client_id, module)
-        steps = cfg.local_steps
-        if client_id == POOLED:
-            loader = self.data.pooled_train_loader(steps=steps)
-        elif group.subsets is not None and client_id in group.subsets:
-            loader = self.data.client_subset_train_loader(
-                client_id, group.subsets[client_id], self.subset_sampler(group, client_id), steps=steps
-            )
-        else:
-            loader = self.data.client_train_loader(client_id, steps=steps)
-        for cb in self.callbacks:
-            loader = cb.wrap_train_loader(self, client_id, loader)
-        try:
-            num_steps, opt_state = self.fitter.fit(
-                module,
-                loader,
-                1 if steps else cfg.local_epochs,
-                client_id,
-                optimizer_state=self.optimizer_states.get(key),
-                keep_optimizer_state=self.keep_optimizer_state,
-            )
-        except PreconditionError:
-            raise  # a method that cannot work here fails the run, not one client
-        except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
-            warnings.warn(f"client {client_id!r} failed and is left out of this round: {err!r}", stacklevel=2)
-            return None
-        report = module.fit_report()
-        state = clone_state(module.state_dict())
-        if not math.isfinite(report["train_loss"]) or not all_finite(state):
-            warnings.warn(
-                f"client {client_id!r} produced a non-finite loss or weights; left out of this round", stacklevel=2
-            )
-            return None
-        if self.private_keys:
-            self.private[key] = select_keys(state, self.private_keys)
-        if opt_state is not None:
-            self.optimizer_states[key] = opt_state
-        update = ClientUpdate(
-            client_id=client_id,
-            group=group.name,
-            state=state,
-            num_samples=self.num_samples(client_id, group),
-            weight=weight,
-            num_steps=num_steps,
-            metrics={"train_loss": report["train_loss"]},
-        )
-        for cb in self.callbacks:
-            cb.on_client_end(self, client_id, module, update)
-        return update
 
     def aggregate(self, group: ModelGroup, mean: RunningWeightedMean) -> None:
         """Server step of one group: the weighted mean of the uploads, then the callbacks' server logic."""
@@ -354,20 +414,31 @@ class Federation:
         group.state = averaged
 
     def pass_on(self, r: int) -> None:
-        """Peer-to-peer exchange: a fresh random cycle; every node passes its model to its successor.
+        """Peer-to-peer exchange: a fresh random cycle; every node passes its model to its successor via the relay.
 
-        Callbacks see the cycle in ``on_pass_on`` (to pass what they hold, e.g. replay buffers); when a
+        The server is the relay (engines have no node-to-node links): it takes each node's model and puts it on
+        the successor. Callbacks relay what they pass on in ``on_pass_on`` (e.g. replay buffers); when a
         callback's ``moves_models()`` is False (FedER-A), models stay where they are.
         """
         move = all(cb.moves_models() for cb in self.callbacks)
         for group in self.groups:
             successor = random_cycle(group.members, r, self.seed)
             for cb in self.callbacks:
-                cb.on_pass_on(self, successor)
+                cb.on_pass_on(self, r, successor)
             if move:
-                held = {c: self.private[(group.name, c)] for c in group.members if (group.name, c) in self.private}
+                held = {c: self._runtime_op(protocol.TAKE_PRIVATE, c, group.name).state for c in group.members}
                 for c, state in held.items():
-                    self.private[(group.name, successor[c])] = state
+                    if state is not None:
+                        self._runtime_op(protocol.PUT_PRIVATE, successor[c], group.name, state=state)
+
+    def _regroup(self, parent: str, children: list[ModelGroup]) -> None:
+        """Tell each member's runtime that its private and optimiser states of ``parent`` go to its new group(s)."""
+        targets: dict[str, list[str]] = {}
+        for child in children:
+            for cid in child.members:
+                targets.setdefault(cid, []).append(child.name)
+        for cid, names in targets.items():
+            self._runtime_op(protocol.REGROUP, cid, parent, **{"from": parent, "to": names})
 
     def split_group(self, group: ModelGroup, parts: list[list[str]]) -> list[ModelGroup]:
         """Replace ``group`` by one group per part, each starting from the group's current global state.
@@ -382,11 +453,7 @@ class Federation:
         children = [
             ModelGroup(f"{group.name}.{i}", clone_state(group.state), list(part)) for i, part in enumerate(parts)
         ]
-        for child in children:
-            for store in (self.private, self.optimizer_states):
-                for cid in child.members:
-                    if (group.name, cid) in store:
-                        store[(child.name, cid)] = store.pop((group.name, cid))
+        self._regroup(group.name, children)
         at = self.groups.index(group)
         self.groups[at : at + 1] = children
         return children
@@ -422,25 +489,10 @@ class Federation:
                     subsets[cid] = base[own] if base is not None else own
             if subsets:
                 children.append(ModelGroup(f"{group.name}.{m}", clone_state(group.state), list(subsets), subsets))
-        for child in children:
-            for store in (self.private, self.optimizer_states):
-                for cid in child.members:
-                    if (group.name, cid) in store:
-                        store[(child.name, cid)] = copy.deepcopy(store[(group.name, cid)])
-        for store in (self.private, self.optimizer_states):
-            for cid in group.members:
-                store.pop((group.name, cid), None)
+        self._regroup(group.name, children)
         at = self.groups.index(group)
         self.groups[at : at + 1] = children
         return children
-
-    def subset_sampler(self, group: ModelGroup, client_id: str) -> SeededEpochSampler:
-        """The persistent sampler of a client's subset in a sample-level group (created on first use)."""
-        key = (group.name, client_id)
-        if key not in self.subset_samplers:
-            seed = stable_seed(self.data.seed, "subset", group.name, client_id)
-            self.subset_samplers[key] = SeededEpochSampler(len(group.subsets[client_id]), seed)
-        return self.subset_samplers[key]
 
     def group_of(self, client_id: str) -> ModelGroup:
         """The group whose global model serves ``client_id`` at evaluation (the first, if it is in several)."""
@@ -450,31 +502,30 @@ class Federation:
         raise KeyError(f"client {client_id!r} belongs to no model group")
 
     def evaluate(self) -> dict[str, Any]:
-        """Evaluate on every client's test set (not only the sampled clients).
+        """Evaluate on every client's test set (not only the sampled clients), one ``evaluate`` task per client.
 
         ``global``: the client's group model. ``personal``: the group model with the client's private
         state (identical to ``global`` when nothing is private, as in FedAvg, and then not recomputed).
-        ``pooled``: the global model on all clients' test sets concatenated. Peer-to-peer runs have
-        no global model; there every node's model is evaluated on every node's test set
-        (``node_matrix[holder][test node]``, summarised over all pairs as ``cross``).
+        ``pooled``: the global model on all clients' test sets together, from what each client returns
+        with its evaluation (the module's ``evaluation_parts``: test predictions for classification, additive
+        counts for segmentation) — no second pass over the data. Peer-to-peer runs have no global model;
+        there every node's model is evaluated on every node's test set (``node_matrix[holder][test node]``,
+        summarised over all pairs as ``cross``).
         """
         if self.config.topology == "peer_to_peer":
             return self._evaluate_nodes()
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
-        module, device = self.module, self.device
-        module.to(device)
+        pooled = self.has_global_model and len(self.groups) == 1 and hasattr(self.module, "evaluation_parts")
+        parts = []
         for cid in self.data.client_ids:
             group = self.group_of(cid)
-            loader = self.data.client_test_loader(cid)
-            if self.has_global_model:
-                module.load_state_dict(group.state)
-                per_model["global"][cid] = module.evaluate(loader, device)
-            private = self.private.get((group.name, cid))
-            if private:
-                module.load_state_dict({**group.state, **private})
-                per_model["personal"][cid] = module.evaluate(loader, device)
-            elif self.has_global_model:
-                per_model["personal"][cid] = dict(per_model["global"][cid])
+            options = {"global": self.has_global_model, "outputs": pooled}
+            reply = self._runtime_op(protocol.EVALUATE, cid, group.name, state=group.state, **options)
+            for model in ("global", "personal"):
+                if model in reply.metrics:
+                    per_model[model][cid] = reply.metrics[model]
+            if pooled and reply.payloads.get("outputs"):
+                parts.append(reply.payloads["outputs"])
         for cb in self.callbacks:  # e.g. cluster models with each test image routed to one of them
             for name, per_client in cb.extra_evaluation(self).items():
                 per_model[name] = per_client
@@ -482,20 +533,22 @@ class Federation:
             "clients": per_model,
             "summary": {m: summarise(v) for m, v in per_model.items() if v},
         }
-        if self.has_global_model and len(self.groups) == 1:
-            module.load_state_dict(self.groups[0].state)
-            out["pooled"] = module.evaluate(self.data.pooled_test_loader(), device)
+        if pooled and parts:
+            out["pooled"] = self.module.metrics_from_parts(self.module.merge_parts(parts))
         return out
 
     def _evaluate_nodes(self) -> dict[str, Any]:
-        """Peer-to-peer: each node's held model on each node's test set."""
-        module, device, group = self.module, self.device, self.groups[0]
-        module.to(device)
+        """Peer-to-peer: each node's held model on each node's test set (the model travels via the relay)."""
+        group = self.groups[0]
         ids = list(self.data.client_ids)
         matrix: dict[str, dict[str, dict[str, float]]] = {}
         for holder in ids:
-            module.load_state_dict({**group.state, **self.private.get((group.name, holder), {})})
-            matrix[holder] = {t: module.evaluate(self.data.client_test_loader(t), device) for t in ids}
+            held = self._runtime_op(protocol.TAKE_PRIVATE, holder, group.name).state or {}
+            state = {**group.state, **held}
+            matrix[holder] = {
+                t: self._runtime_op(protocol.EVALUATE, t, group.name, state=state, personal=False).metrics["global"]
+                for t in ids
+            }
         personal = {c: matrix[c][c] for c in ids}
         pairs = {f"{h}->{t}": m for h, row in matrix.items() for t, m in row.items()}
         return {
@@ -524,7 +577,7 @@ class Federation:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the run exactly (plain tensors, numbers, strings, dicts, lists)."""
+        """Everything needed to continue the run exactly: the server's state and the client runtime's."""
         return {
             "version": CHECKPOINT_VERSION,
             "round": self.round,
@@ -532,11 +585,8 @@ class Federation:
                 {"name": g.name, "state": g.state, "members": list(g.members), "subsets": g.subsets}
                 for g in self.groups
             ],
-            "subset_samplers": nest_by_group({key: s.epoch for key, s in self.subset_samplers.items()}),
-            "private": nest_by_group(self.private),
-            "optimizer_states": nest_by_group(self.optimizer_states),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
-            "data": self.data.sampler_state(),
+            "runtime": self.transport.runtime_state(),
             "rng": rng_state(),
             "evaluation": self.last_evaluation,
             "rows": {"clients": self.run_dir.client_rows, "rounds": self.run_dir.round_rows},
@@ -551,22 +601,19 @@ class Federation:
 
         """
         if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
+            raise ValueError(
+                f"checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION} (version 1 checkpoints, "
+                "written before the client/server boundary, cannot be resumed by this version)"
+            )
         saved_cbs, our_cbs = set(state["callbacks"]), {cb.state_key for cb in self.callbacks}
         if saved_cbs != our_cbs:
             raise ValueError(f"checkpoint callbacks {sorted(saved_cbs)} differ from the configured {sorted(our_cbs)}")
         self.round = int(state["round"])
         self.groups = [ModelGroup(g["name"], g["state"], list(g["members"]), g.get("subsets")) for g in state["groups"]]
-        self.subset_samplers = {}
-        for (group_name, cid), epoch in unnest_by_group(state.get("subset_samplers", {})).items():
-            group = next(g for g in self.groups if g.name == group_name)
-            self.subset_sampler(group, cid).epoch = int(epoch)
         self.module.load_state_dict(self.groups[0].state)  # fails loudly if the architecture changed
-        self.private = unnest_by_group(state["private"])
-        self.optimizer_states = unnest_by_group(state["optimizer_states"])
         for cb in self.callbacks:
             cb.load_state_dict(state["callbacks"][cb.state_key])
-        self.data.load_sampler_state(state["data"])
+        self.transport.load_runtime_state(state["runtime"])
         set_rng_state(state["rng"])
         self.last_evaluation = state["evaluation"]
 
@@ -578,10 +625,10 @@ class Federation:
         return path
 
 
-def _samples_trained(update: ClientUpdate, batch_size: int, fixed_steps: bool) -> int:
-    """Samples in the update's batches: all full, except each epoch's last one when a client trains epochs."""
+def _samples_trained(reply: Reply, batch_size: int, fixed_steps: bool) -> int:
+    """Samples in the reply's batches: all full, except each epoch's last one when a client trains epochs."""
     if fixed_steps:  # the sampler draws exactly steps * batch_size samples
-        return update.num_steps * batch_size
-    per_epoch = math.ceil(update.num_samples / batch_size)
-    epochs, rest = divmod(update.num_steps, per_epoch)
-    return epochs * update.num_samples + rest * batch_size
+        return reply.num_steps * batch_size
+    per_epoch = math.ceil(reply.num_samples / batch_size)
+    epochs, rest = divmod(reply.num_steps, per_epoch)
+    return epochs * reply.num_samples + rest * batch_size

@@ -73,8 +73,10 @@ class ClassificationClient(ClientModule):
         same forward pass.
         """
         x, y = batch[0], batch[1]
+        normalized = None
         if self.loss_terms:
-            features = self.net.features(self.input_norm(x))
+            normalized = self.input_norm(x)
+            features = self.net.features(normalized)
             logits = self.net.classifier(features)
         else:
             features, logits = None, self(x)
@@ -85,15 +87,27 @@ class ClassificationClient(ClientModule):
         else:
             loss = F.cross_entropy(logits + self.logit_adjustment, y, weight=weight)
         for term in self.loss_terms.values():
-            loss = loss + term(x=x, y=y, logits=logits, features=features)
+            # ``x_normalized``: the input after input_norm, exactly as this forward pass saw it. A term that runs
+            # other networks on the input uses it instead of calling input_norm again (which, in training mode,
+            # would update a running statistic such as HarmoFL's amplitude a second time per batch).
+            loss = loss + term(x=x, y=y, logits=logits, features=features, x_normalized=normalized)
         return loss
 
-    @torch.inference_mode()
     def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
-        """Loss, accuracy, balanced accuracy and macro-F1 over all ``batches``.
+        """Loss, accuracy, balanced accuracy, macro-F1 and AUROC over all ``batches``.
 
         Metrics are computed once over the concatenated predictions (not averaged over batches),
         so they are exact whatever the batch size.
+        """
+        parts = self.evaluation_parts(batches, device)
+        return self.metrics_from_parts(parts) if parts else {}
+
+    @torch.inference_mode()
+    def evaluation_parts(self, batches: Iterable[Any], device: torch.device) -> dict[str, Tensor]:
+        """What pooled metrics need from one test set: its logits and targets (empty dict for no batch).
+
+        Predictions leave a client only over an in-process transport (simulation); see README "The
+        client/server boundary".
         """
         was_training = self.training
         self.eval()
@@ -105,7 +119,16 @@ class ClassificationClient(ClientModule):
         self.train(was_training)
         if not logits:
             return {}
-        return classification_metrics(torch.cat(logits), torch.cat(targets), self.hparams.num_classes)
+        return {"logits": torch.cat(logits), "targets": torch.cat(targets)}
+
+    @staticmethod
+    def merge_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Several test sets' parts as one (concatenated in the given order)."""
+        return {k: torch.cat([p[k].to(parts[0][k].device) for p in parts]) for k in ("logits", "targets")}
+
+    def metrics_from_parts(self, parts: dict[str, Tensor]) -> dict[str, float]:
+        """The metrics of :meth:`evaluate` from (merged) parts."""
+        return classification_metrics(parts["logits"], parts["targets"], self.hparams.num_classes)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit (FedAvg's usual choice); learning rate ``lr · lr_factor``."""

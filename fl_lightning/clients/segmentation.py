@@ -94,12 +94,21 @@ class SegmentationClient(ClientModule):
             loss = loss + term(x=x, y=y, logits=logits, features=None)
         return loss
 
-    @torch.inference_mode()
     def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
         """Dice (foreground), Dice with background, mIoU, pixel accuracy and loss over all ``batches``.
 
         Counts are accumulated on the device batch by batch (never all logits at once), so the metrics
         are exact whatever the batch size and memory stays at one batch.
+        """
+        parts = self.evaluation_parts(batches, device)
+        return self.metrics_from_parts(parts) if parts else {}
+
+    @torch.inference_mode()
+    def evaluation_parts(self, batches: Iterable[Any], device: torch.device) -> dict[str, Tensor]:
+        """Additive counts of one test set (pixel confusion, mIoU confusion, soft-Dice sums, CE sum, pixels).
+
+        Counts of several test sets add up to the counts of their union exactly (integers; the float sums
+        to rounding), so pooled metrics need no prediction to leave a client.
         """
         was_training = self.training
         self.eval()
@@ -122,10 +131,35 @@ class SegmentationClient(ClientModule):
         self.train(was_training)
         if not pixels:
             return {}
-        loss = float(ce_sum) / pixels
+        return {
+            "confusion": confusion.cpu(),
+            "jaccard_confmat": jaccard.confmat.cpu(),
+            "inter": inter.cpu(),
+            "denom": denom.cpu(),
+            "ce_sum": ce_sum.cpu(),
+            "pixels": torch.tensor(pixels),
+        }
+
+    @staticmethod
+    def merge_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Several test sets' counts as one (sums)."""
+        merged = {}
+        for k in parts[0]:
+            total = parts[0][k]
+            for p in parts[1:]:
+                total = total + p[k]
+            merged[k] = total
+        return merged
+
+    def metrics_from_parts(self, parts: dict[str, Tensor]) -> dict[str, float]:
+        """The metrics of :meth:`evaluate` from (merged) counts."""
+        jaccard = MulticlassJaccardIndex(self.hparams.num_classes, average="macro", validate_args=False)
+        jaccard.confmat = parts["jaccard_confmat"].clone()
+        jaccard._update_count = 1  # counts were added: compute() must not warn that update() never ran
+        loss = float(parts["ce_sum"]) / int(parts["pixels"])
         if self.hparams.dice_weight:
-            loss += self.hparams.dice_weight * float(soft_dice_from_sums(inter, denom))
-        return {**segmentation_metrics(confusion.cpu()), "miou": float(jaccard.compute()), "loss": loss}
+            loss += self.hparams.dice_weight * float(soft_dice_from_sums(parts["inter"], parts["denom"]))
+        return {**segmentation_metrics(parts["confusion"]), "miou": float(jaccard.compute()), "loss": loss}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit, learning rate ``lr · lr_factor``.

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.ops.federated_gmm import federated_em, federated_kmeans_init, log_responsibilities
+from fl_lightning.ops.federated_gmm import (
+    Ask,
+    DiagonalGMM,
+    client_answer,
+    federated_em_over,
+    federated_kmeans_init_over,
+    gmm_payload,
+    log_responsibilities,
+)
 from fl_lightning.ops.linking import affinity, spectral_partition
 from fl_lightning.ops.per_sample_grads import class_restricted_gradients, normalise_rows
 
@@ -66,13 +75,52 @@ def client_features(
     return ClientFeatures(features, present)
 
 
+def client_class_answer(client: ClientFeatures, gamma: Tensor, c: int, name: str, payload: Any) -> Any:
+    """A client's answer to one step of class c's federated mixture fit (its features never leave it).
+
+    ``count``: its samples of class c. ``responsibilities``: store each class-c sample's γ under the fitted
+    mixture in ``gamma`` (N, C, K), answer nothing. Any other step:
+    :func:`~fl_lightning.ops.federated_gmm.client_answer`.
+    """
+    x = client.features[c][client.present[:, c]]
+    if name == "count":
+        return len(x)
+    if name == "responsibilities":
+        if len(x):
+            gamma[client.present[:, c], c] = log_responsibilities(x, DiagonalGMM(**payload))[0].exp()
+        return None
+    return client_answer(x, name, payload)
+
+
+def fit_classes(ask_class: Callable[[int], Ask], num_classes: int, components: int, seed: int) -> list[bool]:
+    """Server side: per class, a federated diagonal GMM (k-means initialisation, EM), then the clients' γ.
+
+    Args:
+        ask_class: For class c, the round-trip to every client about its class-c features.
+        num_classes: C.
+        components: K, components per class.
+        seed: Server seed of the k-means initialisations (seed + c for class c).
+
+    Returns:
+        Per class, whether it was fitted (classes with fewer than K samples in total are not).
+    """
+    fitted = []
+    for c in range(num_classes):
+        ask = ask_class(c)
+        ok = sum(ask("count", None)) >= components
+        fitted.append(ok)
+        if not ok:
+            continue
+        init = federated_kmeans_init_over(ask, components, seed + c)
+        gmm, _ = federated_em_over(ask, init)
+        ask("responsibilities", gmm_payload(gmm))
+    return fitted
+
+
 def class_responsibilities(
     clients: Sequence[ClientFeatures], components: int, seed: int
 ) -> tuple[list[Tensor], list[bool]]:
-    """Per class, a federated diagonal GMM over the clients' class-c features; each sample's responsibilities.
-
-    Only Σγ, Σγx, Σγx² (and k-means counts and sums) would travel; here the clients are simulated in
-    one process. Classes with fewer than ``components`` samples in total are not fitted.
+    """:func:`fit_classes` over clients simulated in one process; every sample's responsibilities.
 
     Args:
         clients: Every client's features.
@@ -85,19 +133,11 @@ def class_responsibilities(
     """
     num_classes = clients[0].present.shape[1]
     gammas = [torch.zeros(len(c.present), num_classes, components, dtype=torch.float64) for c in clients]
-    fitted = []
-    for c in range(num_classes):
-        data = [cl.features[c][cl.present[:, c]] for cl in clients]
-        ok = sum(len(x) for x in data) >= components
-        fitted.append(ok)
-        if not ok:
-            continue
-        init = federated_kmeans_init([x for x in data if len(x)], components, seed + c)
-        gmm, _ = federated_em([x for x in data if len(x)], init)
-        for cl, x, g in zip(clients, data, gammas):
-            if len(x):  # each client computes its own samples' responsibilities
-                g[cl.present[:, c], c] = log_responsibilities(x, gmm)[0].exp()
-    return gammas, fitted
+
+    def ask_class(c: int) -> Ask:
+        return lambda name, payload: [client_class_answer(cl, g, c, name, payload) for cl, g in zip(clients, gammas)]
+
+    return gammas, fit_classes(ask_class, num_classes, components, seed)
 
 
 def link_clusters(

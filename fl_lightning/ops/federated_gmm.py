@@ -7,8 +7,9 @@ k-means initialisation, per-centroid counts and sums).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,8 +58,50 @@ def server_m_step(stats: Sequence[dict[str, Tensor]], reg_covar: float = 1e-6) -
     return DiagonalGMM(weights=n_k / n, means=means, variances=variances.clamp_min(reg_covar))
 
 
-def federated_em(
-    client_data: Sequence[Tensor], init: DiagonalGMM, max_iter: int = 100, tol: float = 1e-3, reg_covar: float = 1e-6
+# A client round-trip: ``ask(name, payload)`` puts the question to every client and returns their answers in
+# client order (``None`` from a client with no data for it). In one process it is a loop over tensors
+# (:func:`local_clients`); in a federation it is one query task per client.
+Ask = Callable[[str, Any], list[Any]]
+
+
+def client_answer(x: Tensor, name: str, payload: Any) -> Any:
+    """One client's answer to a step of federated k-means or EM on its data ``x`` (``None`` if it has none).
+
+    ``moments``: Σx, Σx², n. ``kmeans``: per-centroid counts and sums. ``hard_stats``: the M-step statistics
+    of the hard k-means assignment. ``estep``: the E-step statistics under a mixture.
+    """
+    if not len(x):
+        return None
+    if name == "moments":
+        return {"n": len(x), "sum": x.sum(0), "sumsq": (x * x).sum(0)}
+    if name in ("kmeans", "hard_stats"):
+        centroids = payload
+        hard = torch.cdist(x, centroids).argmin(1)
+        k = len(centroids)
+        if name == "kmeans":
+            return {
+                "counts": torch.bincount(hard, minlength=k).to(x.dtype),
+                "sums": torch.zeros_like(centroids).index_add_(0, hard, x),
+            }
+        resp = torch.nn.functional.one_hot(hard, k).to(x.dtype)
+        return {"n_k": resp.sum(0), "s1": resp.T @ x, "s2": resp.T @ (x * x), "n": torch.tensor(float(len(x)))}
+    if name == "estep":
+        return client_statistics(x, DiagonalGMM(**payload))
+    raise KeyError(f"no federated GMM step {name!r}")
+
+
+def local_clients(client_data: Sequence[Tensor]) -> Ask:
+    """``ask`` over clients simulated in one process (their data in a list)."""
+    return lambda name, payload: [client_answer(x, name, payload) for x in client_data]
+
+
+def gmm_payload(gmm: DiagonalGMM) -> dict[str, Tensor]:
+    """A mixture as plain tensors (what the server sends for an E-step)."""
+    return {"weights": gmm.weights, "means": gmm.means, "variances": gmm.variances}
+
+
+def federated_em_over(
+    ask: Ask, init: DiagonalGMM, max_iter: int = 100, tol: float = 1e-3, reg_covar: float = 1e-6
 ) -> tuple[DiagonalGMM, int]:
     """EM over clients until the mean log-likelihood improves by less than ``tol`` (scikit-learn's rule).
 
@@ -67,7 +110,7 @@ def federated_em(
     """
     gmm, previous = init, -math.inf
     for it in range(1, max_iter + 1):
-        stats = [client_statistics(x, gmm) for x in client_data]  # on each client
+        stats = [s for s in ask("estep", gmm_payload(gmm)) if s is not None]  # on each client
         mean_ll = float(sum(s["log_likelihood"] for s in stats) / sum(s["n"] for s in stats))
         gmm = server_m_step(stats, reg_covar)  # on the server
         if abs(mean_ll - previous) < tol:
@@ -76,33 +119,42 @@ def federated_em(
     return gmm, max_iter
 
 
-def federated_kmeans_init(
-    client_data: Sequence[Tensor], k: int, seed: int, iters: int = 10, reg_covar: float = 1e-6
-) -> DiagonalGMM:
+def federated_em(
+    client_data: Sequence[Tensor], init: DiagonalGMM, max_iter: int = 100, tol: float = 1e-3, reg_covar: float = 1e-6
+) -> tuple[DiagonalGMM, int]:
+    """:func:`federated_em_over` clients simulated in one process."""
+    return federated_em_over(local_clients(client_data), init, max_iter, tol, reg_covar)
+
+
+def federated_kmeans_init_over(ask: Ask, k: int, seed: int, iters: int = 10, reg_covar: float = 1e-6) -> DiagonalGMM:
     """Initial mixture by federated k-means.
 
     The server seeds k centroids from the global mean and standard deviation (themselves from
     client sums), then runs Lloyd iterations on per-centroid counts and sums sent by the clients;
     the resulting hard assignments give the initial weights, means and variances.
     """
-    n = sum(len(x) for x in client_data)
-    total = sum(x.sum(0) for x in client_data)
-    total_sq = sum((x * x).sum(0) for x in client_data)
+    moments = [m for m in ask("moments", None) if m is not None]
+    n = sum(m["n"] for m in moments)
+    total = sum(m["sum"] for m in moments)
+    total_sq = sum(m["sumsq"] for m in moments)
     mean = total / n
     std = (total_sq / n - mean**2).clamp_min(0).sqrt()
     g = torch.Generator().manual_seed(seed)
     centroids = mean + std * torch.randn(k, len(mean), generator=g, dtype=mean.dtype)
     for _ in range(iters):
         counts, sums = torch.zeros(k, dtype=mean.dtype), torch.zeros_like(centroids)
-        for x in client_data:  # client side: assign to nearest centroid, send counts and sums
-            hard = torch.cdist(x, centroids).argmin(1)
-            counts += torch.bincount(hard, minlength=k).to(mean.dtype)
-            sums += torch.zeros_like(centroids).index_add_(0, hard, x)
+        for answer in ask("kmeans", centroids.clone()):  # client side: nearest centroid, counts and sums
+            if answer is not None:
+                counts += answer["counts"]
+                sums += answer["sums"]
         nonempty = counts > 0
         centroids[nonempty] = sums[nonempty] / counts[nonempty].unsqueeze(1)
-    stats = []
-    for x in client_data:
-        hard = torch.cdist(x, centroids).argmin(1)
-        resp = torch.nn.functional.one_hot(hard, k).to(x.dtype)
-        stats.append({"n_k": resp.sum(0), "s1": resp.T @ x, "s2": resp.T @ (x * x), "n": torch.tensor(float(len(x)))})
+    stats = [s for s in ask("hard_stats", centroids.clone()) if s is not None]
     return server_m_step(stats, reg_covar)
+
+
+def federated_kmeans_init(
+    client_data: Sequence[Tensor], k: int, seed: int, iters: int = 10, reg_covar: float = 1e-6
+) -> DiagonalGMM:
+    """:func:`federated_kmeans_init_over` clients simulated in one process."""
+    return federated_kmeans_init_over(local_clients(client_data), k, seed, iters, reg_covar)

@@ -67,3 +67,25 @@ def server_sum(masked_vectors: Iterable[Tensor], bits: int = FRACTION_BITS) -> T
     if total is None:
         raise ValueError("secure sum over zero clients")
     return decode(total, bits)
+
+
+def client_mask(client_ids: Sequence[str], client: str, size: int, seed: int) -> Tensor:
+    """One client's mask of :func:`pairwise_masks`, computed from its own pair seeds only (O(N), not O(N²)).
+
+    Args:
+        client_ids: All participating clients, in the same fixed order as every other client uses.
+        client: The client whose mask this is.
+        size: Vector length.
+        seed: Session seed.
+
+    """
+    ids = list(client_ids)
+    at = ids.index(client)
+    out = torch.zeros(size, dtype=torch.int64)
+    for j, other in enumerate(ids):
+        if j == at:
+            continue
+        g = torch.Generator().manual_seed(pair_seed(seed, client, other))
+        r = torch.randint(-MASK_RANGE, MASK_RANGE, (size,), generator=g, dtype=torch.int64)
+        out += r if at < j else -r  # the first of a pair adds, the second subtracts
+    return out

@@ -99,8 +99,11 @@ def final_states(state: dict[str, Any]) -> dict[str, torch.Tensor]:
         for k, v in g["state"].items():
             tensors[f"global/{g['name']}/{k}"] = v
     private = state.get("private")
-    if private is None:
-        private = state["runtime"]["private"]
+    if private is None:  # the runtime keys by client first: {client: {group: state}}
+        private = {}
+        for cid, groups in state["runtime"]["private"].items():
+            for group, st in groups.items():
+                private.setdefault(group, {})[cid] = st
     for group, per_client in private.items():
         for cid, st in per_client.items():
             for k, v in st.items():
