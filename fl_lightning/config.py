@@ -27,7 +27,19 @@ class FederationConfig:
         eval_every: Evaluate every this many rounds (0 = only after the last round).
         output_dir: Parent directory of run directories.
         run_name: Name of this run's directory (default: a timestamp and the mode).
-        progress: Show the Rich progress bar and per-round lines.
+        progress: The live progress bar over rounds and clients: ``true`` always, ``false`` never, ``null``
+            (default) only when stdout is a terminal, so batch logs (SLURM, ``> log.txt``) hold no bar frames.
+            The run directory, one plain line per round and the final table are printed either way.
+        quiet: Print nothing at all (no bar, run directory, round lines or final table); warnings still go
+            to stderr. Wins over ``progress``.
+        plots: Write ``partition.png`` at the start and ``curves.png`` (plus ``node_matrix.png`` in
+            peer-to-peer runs) at the end into the run directory.
+        checkpoint_every: Write a round checkpoint (``checkpoints/round-NNNNN.ckpt`` in the run directory)
+            every this many rounds and after the last round (0 = never; such a run cannot be resumed).
+        keep_checkpoints: How many of the newest round checkpoints to keep (0 = keep all).
+        resume: Continue a run from its round checkpoint instead of starting a new one: ``last`` (the newest
+            readable checkpoint of ``output_dir/run_name``), a run directory or a checkpoint file; the
+            README's "Checkpoints and exact resume" says what must stay the same.
         transport: How tasks reach the client runtime: ``inprocess`` (direct calls, the fast path) or
             ``serialized`` (every task and reply is encoded to bytes and decoded, and the client runtime
             holds its own copies of module, data and callbacks: proves that only messages cross the line).
@@ -46,7 +58,8 @@ class FederationConfig:
     eval_every: int = 1
     output_dir: str = "runs"
     run_name: str | None = None
-    progress: bool = True
+    progress: bool | None = None
+    quiet: bool = False
     plots: bool = True
     checkpoint_every: int = 1
     keep_checkpoints: int = 2

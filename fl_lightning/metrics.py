@@ -41,9 +41,11 @@ def macro_auroc(probs: Tensor, target: Tensor) -> float:
     """One-vs-rest AUROC averaged over the classes that have both positives and negatives in ``target``.
 
     ``nan`` when no class qualifies (e.g. a test set of a single class), since AUROC is then undefined.
+    Each class's AUROC is clipped to [0, 1]: torchmetrics integrates the ROC curve in float32, and a perfect
+    separation can come out as 1.0000001, which is no AUROC and reads as a bug in a results table.
     """
     scores = [
-        binary_auroc(probs[:, c], (target == c).long()).item()
+        min(max(binary_auroc(probs[:, c], (target == c).long()).item(), 0.0), 1.0)
         for c in range(probs.shape[1])
         if 0 < int((target == c).sum()) < len(target)
     ]
@@ -51,7 +53,11 @@ def macro_auroc(probs: Tensor, target: Tensor) -> float:
 
 
 def classification_metrics(logits: Tensor, target: Tensor, num_classes: int) -> dict[str, float]:
-    """Loss, accuracy, balanced accuracy, macro-F1 and macro AUROC of ``logits`` against ``target``."""
+    """Loss, accuracy, balanced accuracy, macro-F1, macro AUROC and the number of distinct predicted classes.
+
+    ``predicted_classes`` makes a collapsed model visible (1 = the same class for every image; see
+    :mod:`fl_lightning.collapse`): its accuracy alone looks fine on an imbalanced test set.
+    """
     preds = logits.argmax(1)
     return {
         "loss": torch.nn.functional.cross_entropy(logits, target).item(),
@@ -59,4 +65,5 @@ def classification_metrics(logits: Tensor, target: Tensor, num_classes: int) -> 
         "balanced_acc": balanced_accuracy(preds, target, num_classes),
         "macro_f1": macro_f1(preds, target, num_classes),
         "auroc": macro_auroc(logits.softmax(1), target),
+        "predicted_classes": float(preds.unique().numel()),
     }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+from fl_lightning.collapse import detect_collapse
 
 MODELS = ("global", "personal")
 
@@ -53,15 +56,26 @@ def logged_metrics(
 
 
 def summary_table(
-    evaluation: dict[str, Any], test_samples: dict[str, int], pooled_samples: int | None, meta: dict[str, Any]
+    evaluation: dict[str, Any],
+    test_samples: dict[str, int],
+    pooled_samples: int | None,
+    meta: dict[str, Any],
+    client_rows: list[dict[str, Any]] | None = None,
+    num_classes: int | None = None,
 ) -> dict[str, Any]:
     """The final evaluation table written to ``summary.json``.
+
+    Besides the metrics it names the clients without test images (``clients_without_test``) and holds the
+    ``collapse`` checks of :func:`fl_lightning.collapse.detect_collapse` (single-class predictions, balanced
+    accuracy at chance, training-loss growth), so a degenerate run is recognisable from its summary alone.
 
     Args:
         evaluation: The last evaluation (``clients``, ``summary`` and optionally ``pooled``).
         test_samples: Test-set size of each client.
         pooled_samples: Size of the pooled test set (None when there is no pooled evaluation).
         meta: Run facts to include (run directory, mode, rounds, methods, …).
+        client_rows: All rows of ``metrics.csv`` so far (for the training-loss check; None skips it).
+        num_classes: Number of classes (chance level of balanced accuracy; None skips that check).
 
     """
     clients = {
@@ -76,7 +90,14 @@ def summary_table(
     if "pooled" in evaluation:
         out["pooled"] = evaluation["pooled"]
         out["pooled_test_samples"] = pooled_samples
+    out["clients_without_test"] = [cid for cid, n in test_samples.items() if n == 0]
+    out["collapse"] = detect_collapse(evaluation, client_rows, num_classes).as_dict()
     return out
+
+
+# Shown next to the primary metric when the evaluation has them (classification): accuracy alone hides a model
+# that predicts the majority class (0.85 on a 15 % / 85 % task), balanced accuracy and AUROC do not.
+CLASS_BALANCE_METRICS = (("balanced_acc", "bacc"), ("auroc", "auroc"))
 
 
 def round_line(
@@ -87,18 +108,45 @@ def round_line(
     seconds: float,
     metric: str = "acc",
 ) -> str:
-    """The one-line report printed after each round (mean ± std and worst client of ``metric``)."""
+    """The one plain line printed after each round; a single-model classification line fits 80 columns.
+
+    ``round 3/10  loss 0.412  acc 0.812 worst 0.701  bacc 0.790  auroc 0.912  1.2s``: the mean training loss;
+    per evaluated model the client mean and worst client of ``metric`` (the personal model only where it
+    differs from the global one, prefixed by its name when more than one model is shown); for classification
+    the balanced accuracy and AUROC of the pooled test set (or the first shown model's client mean where there
+    is no pooled evaluation); the round's seconds. Standard deviations are in ``rounds.csv`` and the final
+    table: with them the line would not fit 80 columns, the width a log file is read at.
+    """
     losses = [m["train_loss"] for m in trained.values()]
-    parts = [f"round {round_idx}/{rounds}", f"train loss {sum(losses) / max(len(losses), 1):.4f}"]
-    for model, stats in evaluation.get("summary", {}).items():
-        if metric in stats:
-            m = stats[metric]
-            parts.append(f"{model} {metric} {m['mean']:.4f} ± {m['std']:.4f} (worst {m['worst']:.4f})")
-    parts.append(f"{seconds:.1f}s")
-    return " │ ".join(parts)
+    parts = [f"round {round_idx}/{rounds}", f"loss {_compact(sum(losses) / max(len(losses), 1))}"]
+    summary = evaluation.get("summary", {})
+    shown = [m for m in _ordered(summary) if metric in summary[m]]
+    if "global" in shown and "personal" in shown and summary["personal"] == summary["global"]:
+        shown.remove("personal")  # nothing private (FedAvg): the personal model is the global one
+    for model in shown:
+        stats = summary[model][metric]
+        label = f"{model} {metric}" if len(shown) > 1 else metric
+        parts.append(f"{label} {stats['mean']:.3f} worst {stats['worst']:.3f}")
+    source = evaluation.get("pooled")
+    if not source and shown:
+        source = {k: v["mean"] for k, v in summary[shown[0]].items()}
+    parts += [f"{short} {source[key]:.3f}" for key, short in CLASS_BALANCE_METRICS if key in (source or {})]
+    seconds_text = f"{seconds:.1f}"
+    parts.append(f"{seconds_text if len(seconds_text) <= 4 else f'{seconds:.0f}'}s")  # "12.3s", "123s"
+    return "  ".join(parts)
+
+
+def _compact(value: float) -> str:
+    """Three significant digits, exponents without padding: ``0.412``, ``122``, ``2.4e7`` (a diverged loss)."""
+    return f"{value:.3g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
 
 
 def _model_order(evaluation: dict[str, Any]) -> list[str]:
     """The evaluated models: ``global`` and ``personal`` first, then the others in insertion order."""
-    names = list(evaluation.get("clients", {}))
+    return _ordered(evaluation.get("clients", {}))
+
+
+def _ordered(names: Iterable[str]) -> list[str]:
+    """``global`` and ``personal`` first, then the other names in their order."""
+    names = list(names)
     return [m for m in MODELS if m in names] + [m for m in names if m not in MODELS]

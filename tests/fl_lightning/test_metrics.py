@@ -74,7 +74,7 @@ def test_classification_metrics_match_sklearn(case, dtype):
         allowed[pred_classes] = True
         logits = logits.masked_fill(~allowed, -5.0)
     got = classification_metrics(logits, target, num_classes)
-    assert set(got) == {"loss", "acc", "balanced_acc", "macro_f1", "auroc"}
+    assert set(got) == {"loss", "acc", "balanced_acc", "macro_f1", "auroc", "predicted_classes"}
 
     y, lg = target.numpy(), logits.double().numpy()
     pred = lg.argmax(1)
@@ -89,6 +89,7 @@ def test_classification_metrics_match_sklearn(case, dtype):
         expected_bacc = balanced_accuracy_score(y, pred)
     assert got["balanced_acc"] == pytest.approx(expected_bacc, abs=1e-12)
     assert got["macro_f1"] == pytest.approx(f1_score(y, pred, average="macro", zero_division=0), abs=1e-12)
+    assert got["predicted_classes"] == len(np.unique(pred))
     # AUROC: one-vs-rest per class that has positives and negatives, averaged (scikit-learn per class).
     per_class = [roc_auc_score(y == c, prob[:, c]) for c in range(num_classes) if 0 < (y == c).sum() < n]
     if per_class:

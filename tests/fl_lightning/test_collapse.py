@@ -1,0 +1,169 @@
+"""Degenerate training is reported: single-class predictions, chance balanced accuracy, loss growth, no test set."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from fl_lightning import collapse
+from fl_lightning.collapse import (
+    DegenerateTrainingWarning,
+    balanced_acc_at_chance,
+    clients_without_test,
+    detect_collapse,
+    loss_growth,
+    mean_train_loss_by_round,
+    single_class_predictions,
+)
+from fl_lightning.metrics import classification_metrics
+from fl_lightning.records import summary_table
+from tests.conftest import build_federation, tiny_data, tiny_model
+
+HEALTHY = {"acc": 0.89, "balanced_acc": 0.81, "auroc": 0.93, "predicted_classes": 2.0}
+# The HarmoFL collapse of the issue: the majority-class rate as accuracy, balanced accuracy 0.5.
+MAJORITY = {"acc": 0.85, "balanced_acc": 0.5, "auroc": 0.6, "predicted_classes": 1.0}
+
+
+def rows(losses_by_round: dict[int, list[float | None]]) -> list[dict]:
+    """metrics.csv rows: one per client and round; None = not selected (no train_loss)."""
+    out = []
+    for r, losses in losses_by_round.items():
+        for i, loss in enumerate(losses):
+            row = {"round": r, "client": f"site{i}", "selected": int(loss is not None)}
+            if loss is not None:
+                row["train_loss"] = loss
+            out.append(row)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the checks
+
+
+def test_predicted_classes_counts_distinct_predictions():
+    target = torch.tensor([0, 0, 0, 1])
+    majority = classification_metrics(torch.tensor([[2.0, 0.0]] * 4), target, 2)
+    assert majority["predicted_classes"] == 1 and majority["acc"] == 0.75 and majority["balanced_acc"] == 0.5
+    assert single_class_predictions(majority) is True
+
+
+def test_single_class_predictions():
+    assert single_class_predictions(MAJORITY) is True
+    assert single_class_predictions(HEALTHY) is False
+    # a test set of one class (AUROC undefined): predicting that class is right, not a collapse
+    assert single_class_predictions({**MAJORITY, "auroc": math.nan}) is False
+    assert single_class_predictions({"dice": 0.7}) is None  # segmentation: not decidable
+
+
+def test_balanced_accuracy_at_chance():
+    assert balanced_acc_at_chance(MAJORITY, 2) is True
+    assert balanced_acc_at_chance({"balanced_acc": 0.515}, 2) is True  # within the margin
+    assert balanced_acc_at_chance({"balanced_acc": 0.66}, 2) is False  # HarmoFL at α = 0.01 trained
+    assert balanced_acc_at_chance({"balanced_acc": 0.11}, 10) is True
+    assert balanced_acc_at_chance({"balanced_acc": 0.4}, 10) is False
+    assert balanced_acc_at_chance(MAJORITY, None) is None
+    assert balanced_acc_at_chance({"balanced_acc": math.nan}, 2) is None
+
+
+def test_mean_train_loss_by_round_skips_unselected_and_non_finite():
+    losses = mean_train_loss_by_round(rows({1: [1.0, 3.0, None], 2: [math.inf, 0.5, "0.7"], 3: [None, None, None]}))
+    assert losses == pytest.approx({1: 2.0, 2: 0.6})
+
+
+def test_loss_growth_by_orders_of_magnitude():
+    # SCAFFOLD on the binary Dirichlet(0.1) task: ~1 in round 1, 122 by round 11, 2.4e7 by round 20
+    diverged = {1: 1.09, 5: 0.6, 11: 122.0, 20: 2.4e7}
+    assert loss_growth(diverged) == (11, 122.0, 1.09)
+    assert loss_growth({1: 2.3, 2: 1.2, 3: 0.4, 4: 0.9}) is None  # noisy but no divergence
+    assert loss_growth({1: 1.0, 2: 50.0}) is None and loss_growth({1: 1.0, 2: 50.0}, factor=10) == (2, 50.0, 1.0)
+    assert loss_growth({}) is None
+
+
+def test_detect_collapse_gives_flags_and_messages():
+    found = detect_collapse({"pooled": MAJORITY}, rows({1: [1.0, 1.2], 2: [300.0, 1e4]}), num_classes=2)
+    assert found.detected and found.single_class_predictions and found.balanced_acc_at_chance
+    assert found.train_loss_growth is True
+    assert len(found.messages) == 3
+    assert "single class" in found.messages[0] and "0.850" in found.messages[0]
+    assert "1/2" in found.messages[1]
+    assert "round 2" in found.messages[2] and "diverged" in found.messages[2]
+    healthy = detect_collapse({"pooled": HEALTHY}, rows({1: [2.3], 2: [0.4]}), num_classes=2)
+    assert not healthy.detected and healthy.messages == ()
+    assert healthy.as_dict() == {
+        "detected": False,
+        "single_class_predictions": False,
+        "balanced_acc_at_chance": False,
+        "train_loss_growth": False,
+        "messages": [],
+    }
+
+
+def test_without_pooled_evaluation_the_checks_are_not_made():
+    found = detect_collapse({"summary": {"personal": {}}})
+    assert found.as_dict()["single_class_predictions"] is None
+    assert found.balanced_acc_at_chance is None and found.train_loss_growth is None and not found.detected
+
+
+# ------------------------------------------------------------------------------------------ summary.json
+
+
+def test_summary_flags_collapse_and_names_clients_without_test():
+    evaluation = {
+        "clients": {"global": {"site0": MAJORITY}},
+        "summary": {"global": {}},
+        "pooled": MAJORITY,
+    }
+    summary = summary_table(
+        evaluation, {"site0": 20, "site1": 0}, 20, {"mode": "federated"}, rows({1: [1.0, 1.0]}), num_classes=2
+    )
+    assert summary["clients_without_test"] == ["site1"]
+    assert summary["collapse"]["detected"] is True
+    assert summary["collapse"]["single_class_predictions"] and summary["collapse"]["balanced_acc_at_chance"]
+    assert summary["collapse"]["train_loss_growth"] is False
+
+
+def test_a_collapsed_federation_says_so_in_its_summary(tmp_path):
+    data = tiny_data()
+    model = tiny_model(data, lr=1e-9)  # (almost) no learning: the model below stays collapsed
+    with torch.no_grad():  # every image scores class 3 highest
+        model.net.classifier.weight.zero_()
+        model.net.classifier.bias.copy_(torch.nn.functional.one_hot(torch.tensor(3), 10).float() * 10)
+    summary = build_federation(tmp_path, data=data, model=model, rounds=1).run()
+    assert summary["pooled"]["predicted_classes"] == 1
+    assert summary["collapse"]["detected"] is True and summary["collapse"]["single_class_predictions"] is True
+    assert summary["clients_without_test"] == []
+
+
+# ------------------------------------------------------------------------------------------ clients without test
+
+
+class FakeData:
+    def __init__(self, test_sizes: dict[str, int]) -> None:
+        self.sizes = test_sizes
+        self.client_ids = list(test_sizes)
+
+    def num_test_samples(self, client_id: str) -> int:
+        return self.sizes[client_id]
+
+
+def test_clients_without_test_are_named_and_warned_about():
+    data = FakeData({"site0": 12, "site1": 0, "site2": 3, "site3": 0})
+    assert clients_without_test(data) == ["site1", "site3"]
+    with pytest.warns(DegenerateTrainingWarning, match=r"2 client\(s\) have no test images.*site1, site3"):
+        assert collapse.warn_clients_without_test(data) == ["site1", "site3"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert collapse.warn_clients_without_test(FakeData({"site0": 1})) == []
+
+
+def test_clients_without_test_on_a_real_datamodule():
+    assert clients_without_test(tiny_data()) == []
+
+
+def test_warn_collapse_warns_each_message():
+    with pytest.warns(DegenerateTrainingWarning) as record:
+        messages = collapse.warn_collapse({"collapse": {"messages": ["a", "b"]}})
+    assert messages == ["a", "b"] and [str(w.message) for w in record] == ["a", "b"]
+    assert collapse.warn_collapse({}) == []

@@ -1,0 +1,212 @@
+"""What a run prints: a bar only on a terminal, the report (run directory, round lines, table) always; quiet: none."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+from rich.console import Console
+
+from fl_lightning.config import FederationConfig
+from fl_lightning.records import round_line
+from fl_lightning.report import RoundReporter, evaluation_table
+from tests.conftest import build_federation
+
+
+def log_file_console() -> tuple[Console, io.StringIO]:
+    """A console writing to a file, as stdout is in a SLURM job: not a terminal, 80 columns."""
+    out = io.StringIO()
+    return Console(file=out, width=80), out
+
+
+def terminal_console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=80, force_terminal=True), out
+
+
+def stats(mean: float, worst: float) -> dict[str, float]:
+    return {"mean": mean, "std": 0.05, "worst": worst, "worst_client": "site1"}
+
+
+CLASSIFICATION = {
+    "summary": {
+        "global": {"acc": stats(0.8123, 0.701), "balanced_acc": stats(0.70, 0.6), "auroc": stats(0.9, 0.8)},
+        "personal": {"acc": stats(0.8123, 0.701), "balanced_acc": stats(0.70, 0.6), "auroc": stats(0.9, 0.8)},
+    },
+    "pooled": {"acc": 0.8, "balanced_acc": 0.79, "auroc": 0.9123},
+}
+
+
+# ------------------------------------------------------------------------------------------ the reporter
+
+
+@pytest.mark.parametrize(
+    ("progress", "terminal", "bar"),
+    [(None, False, False), (None, True, True), (False, True, False), (True, False, True)],
+)
+def test_bar_only_on_a_terminal_by_default(progress, terminal, bar):
+    console, _ = terminal_console() if terminal else log_file_console()
+    reporter = RoundReporter.from_config(FederationConfig(progress=progress), console=console)
+    assert reporter.bar is bar and reporter.enabled
+
+
+@pytest.mark.parametrize("progress", [None, False])
+def test_without_bar_the_report_is_still_printed(progress):
+    console, out = log_file_console()
+    reporter = RoundReporter.from_config(FederationConfig(progress=progress), console=console)
+    reporter.start(2, "runs/my-run")
+    for r in (1, 2):
+        reporter.round_start(3)
+        reporter.client_done()
+        reporter.round_end(f"round {r}/2  loss 0.5")
+    reporter.note("resuming from somewhere")
+    text = out.getvalue()
+    assert text.splitlines()[:3] == ["run directory: runs/my-run", "round 1/2  loss 0.5", "round 2/2  loss 0.5"]
+    assert "resuming from somewhere" in text
+    assert "\x1b[" not in text  # no bar frames or colour codes in a log file
+
+
+def test_quiet_prints_nothing_even_with_the_bar_asked_for():
+    console, out = terminal_console()
+    reporter = RoundReporter.from_config(FederationConfig(progress=True, quiet=True), console=console)
+    reporter.start(1, "runs/x")
+    reporter.round_start(1)
+    reporter.client_done()
+    reporter.round_end("round 1/1")
+    reporter.note("note")
+    reporter.finish({"clients": {}, "summary": {}}, "runs/x")
+    assert out.getvalue() == "" and not reporter.bar
+
+
+def test_long_round_lines_are_not_wrapped_in_a_log_file():
+    console, out = log_file_console()
+    reporter = RoundReporter(console=console, bar=False)
+    line = "round 3/10  " + "  ".join(f"model{i} acc 0.812 worst 0.701" for i in range(5))  # ≈ 150 characters
+    reporter.round_end(line)
+    reporter.note("[bold]a note[/bold] with brackets from " + "a/very/long/path/" * 8)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == line
+    assert lines[1].startswith("[bold]a note[/bold]") and len(lines) == 2
+
+
+def test_progress_false_run_prints_run_directory_round_lines_and_table(tmp_path):
+    fed = build_federation(tmp_path, rounds=2, progress=False)
+    console, out = log_file_console()
+    fed.reporter = RoundReporter.from_config(fed.config, console=console)
+    fed.run()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"run directory: {fed.run_dir.path}"
+    round_lines = [line for line in lines if line.startswith("round ")]
+    assert [line.split()[1] for line in round_lines] == ["1/2", "2/2"]
+    assert all("bacc" in line and "auroc" in line for line in round_lines)
+    assert all(len(line) <= 80 for line in round_lines), round_lines
+    assert any("final test" in line for line in lines)
+    assert lines[-1] == f"run directory: {fed.run_dir.path}"
+
+
+# ------------------------------------------------------------------------------------------ the round line
+
+
+def test_round_line_shows_balanced_accuracy_and_auroc_within_80_columns():
+    line = round_line(100, 100, {"a": {"train_loss": 0.41234}}, CLASSIFICATION, 123.4)
+    assert line == "round 100/100  loss 0.412  acc 0.812 worst 0.701  bacc 0.790  auroc 0.912  123s"
+    assert len(line) <= 80
+    diverged = round_line(100, 100, {"a": {"train_loss": 2.4e7}}, CLASSIFICATION, 99.96)
+    assert "loss 2.4e7" in diverged and len(diverged) <= 80
+
+
+def test_round_line_names_models_when_personal_differs_and_uses_client_means_without_pooled():
+    evaluation = {
+        "summary": {
+            **CLASSIFICATION["summary"],
+            "personal": {"acc": stats(0.85, 0.78), "balanced_acc": stats(0.8, 0.7)},
+        }
+    }
+    line = round_line(3, 10, {"a": {"train_loss": 1.0}, "b": {"train_loss": 2.0}}, evaluation, 1.23)
+    assert line == (
+        "round 3/10  loss 1.5  global acc 0.812 worst 0.701  personal acc 0.850 worst 0.780  bacc 0.700  "
+        "auroc 0.900  1.2s"
+    )
+
+
+def test_segmentation_round_line_has_no_classification_extras():
+    evaluation = {"summary": {"global": {"dice": stats(0.6, 0.4), "acc": stats(0.9, 0.8)}}, "pooled": {"dice": 0.6}}
+    line = round_line(1, 2, {"a": {"train_loss": 0.3}}, evaluation, 0.5, metric="dice")
+    assert line == "round 1/2  loss 0.3  dice 0.600 worst 0.400  0.5s"
+
+
+# ------------------------------------------------------------------------------------------ the final table
+
+
+def render(table) -> str:
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def summary_of(evaluation: dict, test_samples: dict[str, int]) -> dict:
+    per_client = {"acc": 0.8, "balanced_acc": 0.7, "auroc": 0.9, "loss": 0.4}
+    clients = {
+        cid: {"test_samples": n, **({"global": per_client, "personal": per_client} if n else {})}
+        for cid, n in test_samples.items()
+    }
+    return {
+        "clients": clients,
+        "summary": evaluation["summary"],
+        "pooled": evaluation["pooled"],
+        "pooled_test_samples": sum(test_samples.values()),
+        "clients_without_test": [c for c, n in test_samples.items() if n == 0],
+        "collapse": {"messages": ["the global model predicts a single class"]},
+    }
+
+
+def test_final_table_shows_balanced_accuracy_and_auroc_next_to_accuracy():
+    text = render(evaluation_table(summary_of(CLASSIFICATION, {"site0": 10, "site1": 0})))
+    header = next(line for line in text.splitlines() if "global acc" in line)
+    assert header.index("global acc") < header.index("global bacc") < header.index("global auroc")
+    # personal = global (nothing private): its accuracy column only, so a FedAvg table fits 80 columns
+    assert "personal acc" in header and "personal bacc" not in header
+    pooled = next(line for line in text.splitlines() if "pooled test set" in line)
+    assert "0.7900" in pooled and "0.9123" in pooled
+    assert "no test images (left out of the statistics): site1" in text
+    assert "warning: the global model predicts a single class" in text
+
+
+def test_final_table_shows_the_extras_of_a_personal_model_that_differs():
+    evaluation = {**CLASSIFICATION, "summary": {**CLASSIFICATION["summary"], "personal": {"acc": stats(0.9, 0.8),
+        "balanced_acc": stats(0.85, 0.7), "auroc": stats(0.95, 0.9)}}}  # fmt: skip
+    header = next(
+        line
+        for line in render(evaluation_table(summary_of(evaluation, {"site0": 10}))).splitlines()
+        if "global acc" in line
+    )
+    assert header.index("personal acc") < header.index("personal bacc") < header.index("personal auroc")
+
+
+def test_final_table_in_a_log_file_breaks_no_number():
+    evaluation = {**CLASSIFICATION, "summary": {**CLASSIFICATION["summary"], "personal": {"acc": stats(0.9, 0.8),
+        "balanced_acc": stats(0.85, 0.7), "auroc": stats(0.95, 0.9)}}}  # fmt: skip
+    console, out = log_file_console()
+    RoundReporter(console=console, bar=False).finish(summary_of(evaluation, {"site0": 10, "site1": 5}), "runs/x")
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("│ site0")]
+    assert len(rows) == 1 and rows[0].count("0.8000") == 2 and "…" not in out.getvalue()
+    assert console.width == 80  # widened for the table only
+
+
+def test_final_table_of_segmentation_has_only_its_metric():
+    summary = {
+        "clients": {"site0": {"test_samples": 3, "global": {"dice": 0.5, "acc": 0.9}}},
+        "summary": {"global": {"dice": stats(0.5, 0.5), "acc": stats(0.9, 0.9)}},
+    }
+    text = render(evaluation_table(summary, "dice"))
+    assert "global dice" in text and "auroc" not in text and "bacc" not in text
+
+
+def test_nan_cells_are_dashes():
+    summary = {
+        "clients": {"site0": {"test_samples": 3, "global": {"acc": 0.5, "auroc": math.nan}}},
+        "summary": {"global": {"acc": stats(0.5, 0.5), "auroc": stats(0.5, 0.5)}},
+    }
+    row = next(line for line in render(evaluation_table(summary)).splitlines() if "site0" in line)
+    assert "—" in row and "nan" not in row
