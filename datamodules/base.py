@@ -40,6 +40,26 @@ class ClientSplit:
     test_domain: Tensor | None = None
 
 
+def loader_generator(seed: int, *key: str) -> torch.Generator:
+    """A DataLoader's own generator, so that creating its iterators never draws from torch's global generator.
+
+    Every ``iter(DataLoader)`` draws a base seed (used only by worker processes) from the loader's generator, or
+    from the global one when it has none. Lightning creates one training iterator on a Trainer's first fit and two
+    on every later fit (``TrainingEpochLoop.on_run_start`` re-iterates once ``current_epoch > 0``). A resumed
+    process's first fit comes in a later round, so with the global generator it would be one draw behind the
+    uninterrupted run and every dropout mask or random augmentation after it would differ. With its own generator
+    the global stream holds only what the model and the data transforms draw, which the round checkpoints restore.
+
+    Args:
+        seed: The datamodule's seed.
+        key: What the loader serves (client id, ``"eval"``...), for a distinct stream per loader.
+
+    Returns:
+        A seeded CPU generator.
+    """
+    return torch.Generator().manual_seed(stable_seed(seed, "loader", *key))
+
+
 def check_image_args(image_size: int, channels: int) -> None:
     """Validate the image shape arguments every image datamodule takes, naming the bad one.
 
@@ -160,6 +180,13 @@ class FederatedDataModule(L.LightningDataModule):
                     )
                 if dom is not None and tuple(dom.shape) != (len(x),):
                     raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per image ({len(x)},)")
+                if not bool(torch.isfinite(x).all()):
+                    # Checked first: NaN compares false with everything, so the range check below lets it through.
+                    bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
+                    raise ValueError(
+                        f"client {s.client_id!r} {name} images hold NaN or infinite pixels ({bad} of {len(x)} images) "
+                        f"({self._source})"
+                    )
                 if x.numel() and (x.min() < 0 or x.max() > 1):
                     raise ValueError(f"client {s.client_id!r} {name} images are outside [0, 1] ({self._source})")
         if self._declared_num_classes is not None:
@@ -268,11 +295,22 @@ class FederatedDataModule(L.LightningDataModule):
         # A view of the persistent sampler: shares its pass counter, has its own length.
         sampler = self._samplers[key].with_num_samples(steps * self.batch_size if steps is not None else None)
         return DataLoader(
-            TensorDataset(x, y), batch_size=self.batch_size, sampler=sampler, num_workers=0, drop_last=False
+            TensorDataset(x, y),
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=0,
+            drop_last=False,
+            generator=loader_generator(self.seed, key),
         )
 
     def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
-        return DataLoader(TensorDataset(x, y), batch_size=self.eval_batch_size, shuffle=False, num_workers=0)
+        return DataLoader(
+            TensorDataset(x, y),
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            num_workers=0,
+            generator=loader_generator(self.seed, "eval"),
+        )
 
     def client_train_loader(self, client_id: str, steps: int | None = None) -> DataLoader:
         """Shuffled training loader of one client, yielding ``(x, y)`` batches.
@@ -323,7 +361,14 @@ class FederatedDataModule(L.LightningDataModule):
         data = self.client_data(client_id)
         view = sampler.with_num_samples(steps * self.batch_size if steps is not None else None)
         dataset = TensorDataset(data.train_x[indices], data.train_y[indices])
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=view, num_workers=0, drop_last=False)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=view,
+            num_workers=0,
+            drop_last=False,
+            generator=loader_generator(self.seed, "subset", client_id),
+        )
 
     def client_test_loader(self, client_id: str) -> DataLoader:
         """Unshuffled test loader of one client, yielding ``(x, y)`` batches.

@@ -15,6 +15,8 @@ import torch
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^round-(\d{5})\.ckpt$")
+# What save_checkpoint and run_dir.atomic_write_text name their temporary files: ".<final name>.<random>.tmp".
+_TEMP = re.compile(r"^\..+\.tmp$")
 
 
 def checkpoint_path(run_dir: Path, round_idx: int) -> Path:
@@ -103,6 +105,29 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
     if keep > 0:
         for path in list_checkpoints(run_dir)[keep:]:
             path.unlink(missing_ok=True)
+
+
+def remove_orphan_temps(run_dir: Path) -> list[Path]:
+    """Delete the temporary files a killed run left behind (a checkpoint or record caught mid-write).
+
+    Call it only while holding the run directory (see :class:`fl_lightning.run_dir.RunDirectory`): a temporary
+    file of a live writer would otherwise be taken from under it.
+
+    Args:
+        run_dir: The run directory; its top level and its ``checkpoints/`` are cleaned.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for directory in (Path(run_dir), Path(run_dir) / CHECKPOINT_DIR):
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if _TEMP.match(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def rng_state() -> dict[str, Any]:

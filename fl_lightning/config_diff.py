@@ -1,0 +1,157 @@
+"""Which settings a resumed run may change: a pure comparison of the saved config with the new one.
+
+A resume continues the saved weights, optimiser states and RNG streams; a setting that changes what is trained
+(data, partition, seed, model, method, local budget...) would silently mix two experiments under one run
+directory whose ``config.yaml`` still shows the first. Only the keys of :data:`ALLOWED_TO_CHANGE` may differ:
+they extend the run or change what is shown and where it is written, never the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Any
+
+import yaml
+
+# Dotted keys (or key prefixes ending in ".") that may differ on resume, each with why it cannot change the result.
+ALLOWED_TO_CHANGE: dict[str, str] = {
+    "federation.rounds": "extends or shortens the run; round r trains the same whatever the total (see below)",
+    "federation.progress": "terminal output only",
+    "federation.quiet": "terminal output only",
+    "federation.plots": "figures written at start and end only",
+    "federation.eval_every": "evaluation never trains, and its loaders draw from no shared generator",
+    "federation.checkpoint_every": "when checkpoints are written, not what they hold",
+    "federation.keep_checkpoints": "how many old checkpoints are kept",
+    "federation.resume": "where to resume from",
+    "federation.output_dir": "where runs are written",
+    "federation.run_name": "which run is resumed",
+    "federation.transport": "in-process and serialised transport give identical results (tested)",
+    "trainer.logger": "where metrics are logged",
+    "trainer.logger.": "where metrics are logged",
+    "trainer.enable_progress_bar": "terminal output only",
+    "trainer.enable_model_summary": "terminal output only",
+    "trainer.log_every_n_steps": "logging frequency only",
+    "trainer.default_root_dir": "where Lightning writes its own files",
+}
+
+# Keys that are not settings of the run: ``config`` lists the config files that were read (their content is
+# compared key by key), and the model's data-shape arguments are linked from ``data`` (compared there) and are
+# left out of the saved YAML.
+DERIVED_KEYS: frozenset[str] = frozenset(
+    {"config", "model.init_args.num_classes", "model.init_args.in_channels", "model.init_args.image_size"}
+)
+
+# LRSchedule kinds whose factor of round r depends on the total number of rounds R.
+_ROUNDS_DEPENDENT_SCHEDULES = ("cosine", "poly")
+
+ABSENT = "<absent>"
+
+
+@dataclass
+class ConfigDiff:
+    """Keys whose values differ between the saved and the new config, as ``{key: (saved, new)}``.
+
+    Attributes:
+        allowed: Differences in :data:`ALLOWED_TO_CHANGE` (recorded in the run directory).
+        refused: Every other difference (the resume is refused).
+    """
+
+    allowed: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    refused: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as ``{"a.b.c": value}``; lists (e.g. ``trainer.callbacks``) are compared whole.
+
+    Values are normalised as YAML would store them (tuples as lists, paths as strings), so a config parsed from
+    ``config.yaml`` and one from the parser compare equal when they say the same.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = _normalise(value)
+    return flat
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _normalise(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalise(v) for v in value]
+    if isinstance(value, (PurePath, Path)) or type(value).__name__.startswith("Path_"):  # jsonargparse's Path_fsr
+        return str(value)
+    return value
+
+
+def is_allowed(key: str, saved: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``key`` may differ on resume, given both flattened configs.
+
+    ``federation.rounds`` is allowed unless an ``LRSchedule`` of kind ``cosine`` or ``poly`` makes every round's
+    learning rate depend on the total number of rounds.
+    """
+    if key == "federation.rounds":
+        return not (_schedule_uses_rounds(saved) or _schedule_uses_rounds(new))
+    return key in ALLOWED_TO_CHANGE or any(p.endswith(".") and key.startswith(p) for p in ALLOWED_TO_CHANGE)
+
+
+def _schedule_uses_rounds(flat: Mapping[str, Any]) -> bool:
+    callbacks = flat.get("trainer.callbacks") or []
+    for cb in callbacks if isinstance(callbacks, list) else []:
+        if isinstance(cb, Mapping) and str(cb.get("class_path", "")).endswith("LRSchedule"):
+            kind = (cb.get("init_args") or {}).get("kind", "exponential")
+            if kind in _ROUNDS_DEPENDENT_SCHEDULES:
+                return True
+    return False
+
+
+def diff_configs(saved: Mapping[str, Any], new: Mapping[str, Any]) -> ConfigDiff:
+    """Compare the run's saved config with the resolved config of the resuming command.
+
+    A key missing on one side counts as ``None`` there (the saved YAML leaves out ``None`` values); a key that
+    only one side has with a value is a difference shown as ``"<absent>"``.
+
+    Args:
+        saved: The saved config (``yaml.safe_load`` of the run's ``config.yaml``).
+        new: The new resolved config (the parser's config as a dict).
+
+    Returns:
+        The differing dotted keys, split into allowed and refused.
+    """
+    flat_saved, flat_new = flatten(saved), flatten(new)
+    diff = ConfigDiff()
+    for key in sorted((flat_saved.keys() | flat_new.keys()) - DERIVED_KEYS):
+        old, now = flat_saved.get(key), flat_new.get(key)
+        if old == now:
+            continue
+        shown = (old if key in flat_saved else ABSENT, now if key in flat_new else ABSENT)
+        target = diff.allowed if is_allowed(key, flat_saved, flat_new) else diff.refused
+        target[key] = shown
+    return diff
+
+
+def load_saved_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``config.yaml`` as a dict, or None when the run has none (e.g. a run started from Python).
+
+    Raises:
+        ValueError: If the file exists but is not a YAML mapping, naming it.
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} does not hold a config mapping")
+    return content
+
+
+def describe(differences: Mapping[str, tuple[Any, Any]]) -> str:
+    """``key: saved -> new`` for each difference, one per line, for error messages."""
+    return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in differences.items())

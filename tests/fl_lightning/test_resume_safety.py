@@ -1,0 +1,277 @@
+"""Resume safety: exact continuation with RNG use during training, config checks, exclusive run directories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from datamodules import DigitsFederated
+from fl_lightning.checkpoint import checkpoint_path, save_checkpoint
+from fl_lightning.cli import build_cli
+from fl_lightning.config_diff import diff_configs
+from fl_lightning.resume import check_clients_match, check_resume_config, resolve_resume
+from fl_lightning.run_dir import RunDirectory, RunDirectoryInUse
+from tests.conftest import build_federation, tiny_data, tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RandomFlipDigits(DigitsFederated):
+    """Digits whose training batches are flipped at random with torch's global generator (random augmentation)."""
+
+    def _train_loader(self, x, y, key, steps):
+        loader = super()._train_loader(x, y, key, steps)
+        loader.collate_fn = _random_flip
+        return loader
+
+
+def _random_flip(samples):
+    x = torch.stack([s[0] for s in samples])
+    y = torch.stack([s[1] for s in samples])
+    flip = torch.rand(len(x)) < 0.5  # the global generator, as torchvision's transforms use it
+    x[flip] = x[flip].flip(-1)
+    return x, y
+
+
+def _dropout_model(data):
+    model = tiny_model(data)
+    model.net.classifier = nn.Sequential(nn.Dropout(0.5), model.net.classifier)
+    return model
+
+
+def _setup(kind: str):
+    if kind == "dropout":
+        data = tiny_data()
+        return data, _dropout_model(data)
+    data = RandomFlipDigits(num_clients=3, image_size=8, max_samples_per_client=40, batch_size=8, seed=0)
+    return data, tiny_model(data)
+
+
+@pytest.mark.parametrize("kind", ["dropout", "random_augmentation"])
+def test_resume_is_exact_when_training_draws_from_the_global_generator(tmp_path, kind):
+    """A fresh process (fresh Trainer) resumed after round 2 ends with the uninterrupted run's weights.
+
+    Failed before: Lightning's first fit on a Trainer creates one loader iterator, every later fit two, and each
+    drew a base seed from the global generator, so the resumed run was one draw behind from its first fit on.
+    """
+    data, model = _setup(kind)
+    full = build_federation(tmp_path, data=data, model=model, rounds=4, keep_checkpoints=0, run_name="full")
+    full.run()
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    data, model = _setup(kind)
+    torch.manual_seed(1234)  # whatever the new process's generator holds, the checkpoint's state must win
+    resumed = build_federation(
+        tmp_path,
+        data=data,
+        model=model,
+        rounds=4,
+        keep_checkpoints=0,
+        run_name="resumed",
+        resume=str(checkpoint_path(tmp_path / "resumed", 2)),
+    )
+    resumed.run()
+    for key, value in full.groups[0].state.items():
+        assert torch.equal(value, resumed.groups[0].state[key]), key
+    assert full.run_dir.client_rows == resumed.run_dir.client_rows
+
+
+# ---------------------------------------------------------------------------------------- config comparison (unit)
+SMALL = [
+    "--config", "configs/fedavg_digits.yaml",
+    "--trainer.logger=false",
+    "--federation.rounds=3",
+    "--federation.progress=false",
+    "--federation.plots=false",
+    "--data.max_samples_per_client=40",
+    "--data.image_size=8",
+    "--data.num_clients=3",
+    "--model.width=4",
+]  # fmt: skip
+
+
+def _saved(*args: str) -> dict:
+    """The config as a run with ``args`` saves it (its config.yaml, parsed)."""
+    cli = build_cli([*SMALL, *args])
+    return yaml.safe_load(cli.parser.dump(cli.config, skip_check=True))
+
+
+def _new(*args: str) -> dict:
+    """The config as a command with ``args`` resolves it (what the Federation gets as ``config_dict``)."""
+    return build_cli([*SMALL, *args]).config.clone().as_dict()
+
+
+def _configs(*extra: str) -> tuple[dict, dict]:
+    """The saved config of the small run, and the config of the next command with ``extra``."""
+    return _saved(), _new(*extra)
+
+
+def test_the_saved_config_matches_the_same_command(monkeypatch):
+    monkeypatch.chdir(REPO)
+    diff = diff_configs(*_configs())
+    assert diff.allowed == {} and diff.refused == {}
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["--data.seed=1"], "data.init_args.seed"),
+        (["--data.partition=dirichlet"], "data.init_args.partition"),
+        (["--model.lr=0.2"], "model.init_args.lr"),
+        (["--federation.mode=local"], "federation.mode"),
+        (["--federation.local_epochs=2"], "federation.local_epochs"),
+        (["--seed_everything=3"], "seed_everything"),
+        (["--trainer.callbacks+=callbacks.FedProx"], "trainer.callbacks"),
+    ],
+)
+def test_settings_that_change_training_are_refused(monkeypatch, extra, key):
+    monkeypatch.chdir(REPO)
+    diff = diff_configs(*_configs(*extra))
+    assert list(diff.refused) == [key] and diff.allowed == {}
+
+
+def test_allow_listed_settings_may_change(monkeypatch):
+    monkeypatch.chdir(REPO)
+    extra = ["--federation.rounds=5", "--federation.transport=serialized", "--federation.eval_every=2",
+             "--federation.run_name=x", "--federation.resume=last", "--trainer.logger=true"]  # fmt: skip
+    diff = diff_configs(*_configs(*extra))
+    assert diff.refused == {}
+    assert set(diff.allowed) >= {"federation.rounds", "federation.transport", "federation.eval_every"}
+    assert diff.allowed["federation.rounds"] == (3, 5)
+
+
+def test_rounds_may_not_change_under_a_schedule_that_depends_on_them(monkeypatch):
+    monkeypatch.chdir(REPO)
+    schedule = ["--trainer.callbacks+=callbacks.LRSchedule", "--trainer.callbacks.kind=cosine"]
+    assert list(diff_configs(_saved(*schedule), _new(*schedule, "--federation.rounds=6")).refused) == [
+        "federation.rounds"
+    ]
+    exponential = ["--trainer.callbacks+=callbacks.LRSchedule", "--trainer.callbacks.kind=exponential"]
+    assert list(diff_configs(_saved(*exponential), _new(*exponential, "--federation.rounds=6")).allowed) == [
+        "federation.rounds"
+    ]
+
+
+def test_a_key_only_one_side_has_is_a_difference():
+    diff = diff_configs({"data": {"init_args": {"seed": 0}}}, {"data": {"init_args": {"seed": 0, "new_flag": True}}})
+    assert diff.refused == {"data.init_args.new_flag": ("<absent>", True)}
+    # None is what the saved YAML leaves out: no difference
+    assert diff_configs({"a": 1}, {"a": 1, "b": None}).refused == {}
+
+
+# ------------------------------------------------------------------------------------ resolve_resume (unit)
+def _fake_run(out: Path, name: str, config: dict, mtime: float) -> Path:
+    run = out / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    save_checkpoint(checkpoint_path(run, 1), {"round": 1, "data": {"c0": 1, "__pooled__": 0}})
+    os.utime(checkpoint_path(run, 1), (mtime, mtime))
+    return run
+
+
+CFG = {"seed_everything": 0, "model": {"init_args": {"lr": 0.1}}, "federation": {"rounds": 3}}
+
+
+def test_resume_refuses_a_named_run_with_other_settings(tmp_path):
+    _fake_run(tmp_path, "exp", CFG, 1000)
+    new = {**CFG, "model": {"init_args": {"lr": 0.2}}, "federation": {"rounds": 9}}
+    with pytest.raises(ValueError, match=r"(?s)model\.init_args\.lr: 0\.1 -> 0\.2.*federation\.rounds") as exc:
+        resolve_resume("last", tmp_path, "exp", new)
+    assert "federation.rounds: 3" not in str(exc.value)  # allowed: not among the refused keys
+    run_dir, _, state = resolve_resume("last", tmp_path, "exp", {**CFG, "federation": {"rounds": 9}})
+    assert run_dir == tmp_path / "exp" and state["round"] == 1
+    assert check_resume_config(run_dir, {**CFG, "federation": {"rounds": 9}}) == {"federation.rounds": (3, 9)}
+    with pytest.raises(ValueError, match=r"model\.init_args\.lr"):  # a checkpoint file or directory is checked too
+        resolve_resume(str(checkpoint_path(tmp_path / "exp", 1)), tmp_path, None, new)
+
+
+def test_resume_last_without_a_name_picks_only_a_matching_run(tmp_path):
+    _fake_run(tmp_path, "old-match", CFG, 1000)
+    _fake_run(tmp_path, "new-other-seed", {**CFG, "seed_everything": 1}, 2000)
+    run_dir, _, _ = resolve_resume("last", tmp_path, None, CFG)
+    assert run_dir == tmp_path / "old-match"
+    # without a config to compare (a Federation built in Python) the newest run is taken, as before
+    assert resolve_resume("last", tmp_path, None, None)[0] == tmp_path / "new-other-seed"
+
+
+def test_resume_last_without_a_name_lists_the_candidates_when_none_matches(tmp_path):
+    _fake_run(tmp_path, "a", {**CFG, "seed_everything": 1}, 1000)
+    _fake_run(tmp_path, "b", {**CFG, "model": {"init_args": {"lr": 0.5}}}, 2000)
+    with pytest.raises(ValueError, match=r"(?s)candidates.*b: differs in model\.init_args\.lr.*a: differs in seed"):
+        resolve_resume("last", tmp_path, None, CFG)
+
+
+def test_a_checkpoint_of_other_clients_is_refused_naming_both_lists():
+    state = {"data": {"site0": 1, "site1": 1, "site2": 1, "__pooled__": 0}, "groups": []}
+    check_clients_match(state, ["site0", "site1", "site2"])
+    with pytest.raises(ValueError, match=r"3 clients \[site0, site1, site2\] but the data has 4 clients .*site3"):
+        check_clients_match(state, ["site0", "site1", "site2", "site3"])
+    check_clients_match({"runtime": {"data": {"a": 0, "__pooled__": 0}}}, ["a"])  # the client/server layout
+    legacy = {"groups": [{"members": ["__pooled__"]}, {"members": ["a", "b"]}]}
+    with pytest.raises(ValueError, match=r"\[a, b\].*\[a\]"):
+        check_clients_match(legacy, ["a"])
+
+
+# ------------------------------------------------------------------------------------ run directories (unit)
+def test_an_existing_run_name_is_refused(tmp_path):
+    RunDirectory(tmp_path, "exp")
+    with pytest.raises(FileExistsError, match=r"exp exists already.*resume"):
+        RunDirectory(tmp_path, "exp")
+    # generated names never collide
+    assert RunDirectory(tmp_path, suffix="x").path != RunDirectory(tmp_path, suffix="x").path
+
+
+def test_concurrent_runs_with_one_name_get_one_directory(tmp_path):
+    results: list[str] = []
+
+    def create() -> None:
+        try:
+            RunDirectory(tmp_path, "same")
+            results.append("ok")
+        except FileExistsError:
+            results.append("refused")
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["ok"] + ["refused"] * 7
+
+
+def test_a_run_directory_held_by_another_process_is_refused(tmp_path):
+    run = tmp_path / "busy"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from fl_lightning.run_dir import claim; from pathlib import Path; import time; "
+         f"claim(Path({str(run)!r})); print('held', flush=True); time.sleep(60)"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirectoryInUse, match=rf"busy is in use by another process \(pid {holder.pid}\)"):
+            RunDirectory.reopen(run, [], [])
+    finally:
+        holder.kill()
+        holder.wait()
+    RunDirectory.reopen(run, [], [])  # the lock died with its process: nothing stale
+
+
+def test_orphan_temporary_files_are_removed_when_a_run_is_reopened(tmp_path):
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    orphans = [run / "checkpoints" / ".round-00004.ckpt.k3j2.tmp", run / ".metrics.csv.x9.tmp"]
+    for p in orphans:
+        p.write_bytes(b"half")
+    kept = run / "checkpoints" / "round-00003.ckpt"
+    kept.write_bytes(b"x")
+    RunDirectory.reopen(run, [], [])
+    assert not any(p.exists() for p in orphans) and kept.exists()
