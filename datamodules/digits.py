@@ -8,7 +8,7 @@ from sklearn.datasets import load_digits
 
 from datamodules.assemble import build_client_splits, convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
-from datamodules.partition import PARTITION_SCHEMES, partition
+from datamodules.partition import PARTITION_SCHEMES, check_clients_fit, partition
 from datamodules.sampler import stable_seed
 from datamodules.shifts import SiteStyle, default_site_styles
 
@@ -89,6 +89,7 @@ class DigitsFederated(FederatedDataModule):
         images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
         images = convert_channels(resize_images(images, self.size), self.channels)
 
+        check_clients_fit(len(labels), self.num_clients, self.test_fraction, self._source, self.max_samples_per_client)
         by_domain = self.partition in ("domain", "dirichlet_domain")
         domains = None
         if by_domain:

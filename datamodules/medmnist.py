@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +11,12 @@ from torch import Tensor
 
 from datamodules.assemble import build_client_splits, convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule
-from datamodules.partition import partition
+from datamodules.partition import check_clients_fit, partition
 from datamodules.sampler import stable_seed
 from datamodules.shifts import default_site_styles
 
 _SPLITS = ("train", "val", "test")
+_KEYS = "{train,val,test}_{images,labels}"
 # MedMNIST files carry no site/domain ids, so only label-based schemes apply.
 _SCHEMES = ("iid", "dirichlet", "pathological")
 
@@ -25,7 +27,13 @@ def _read_split(archive: np.lib.npyio.NpzFile, split: str, path: Path) -> tuple[
     for key in (f"{split}_images", f"{split}_labels"):
         if key not in archive.files:
             raise KeyError(f"key {key!r} missing from {path} (keys present: {', '.join(sorted(archive.files))})")
-        arrays.append(archive[key])
+        try:
+            arrays.append(archive[key])
+        except ValueError as err:  # numpy's own message advises unsafe loading (allow_pickle=True): not ours to give
+            raise ValueError(
+                f"{path}: array {key!r} cannot be read as a plain numeric array (it holds Python objects or is "
+                f"damaged): {type(err).__name__}; store uint8 images and integer labels"
+            ) from None
     images, labels = arrays
     if images.dtype != np.uint8 or not (images.ndim == 3 or (images.ndim == 4 and images.shape[-1] == 3)):
         raise ValueError(
@@ -134,9 +142,23 @@ class MedMNISTFederated(FederatedDataModule):
         """Reads, checks and pools the three splits."""
         if not self.path.is_file():
             raise FileNotFoundError(f"MedMNIST file not found: {self.path}")
+        # np.load takes any other file for a pickle and answers with advice to unpickle it: check the format first.
+        if not zipfile.is_zipfile(self.path):
+            raise ValueError(
+                f"{self.path} is not a .npz archive (a zip of .npy arrays, as numpy.savez writes): expected the keys "
+                f"{_KEYS}"
+            )
         images: list[Tensor] = []
         labels: list[np.ndarray] = []
-        with np.load(self.path, allow_pickle=False) as archive:
+        try:
+            archive = np.load(self.path, allow_pickle=False)
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{self.path} cannot be read as a .npz archive: {err}") from None
+        with archive:
+            if not archive.files:
+                raise ValueError(
+                    f"{self.path} is an empty .npz archive (it holds no arrays): expected the keys {_KEYS}"
+                )
             for split in _SPLITS:
                 split_images, split_labels = _read_split(archive, split, self.path)
                 self._check_label_range(split_labels, split)
@@ -150,6 +172,8 @@ class MedMNISTFederated(FederatedDataModule):
         if len(shapes) > 1:
             raise ValueError(f"{self.path}: splits have different image shapes {sorted(shapes)}; set image_size")
         pooled = torch.cat(images)
+        if not len(pooled):
+            raise ValueError(f"{self.path} holds no images (every split of {_KEYS} is empty)")
         if self.channels is not None:
             pooled = convert_channels(pooled, self.channels)
         return pooled, np.concatenate(labels)
@@ -164,6 +188,9 @@ class MedMNISTFederated(FederatedDataModule):
 
     def _load(self) -> list[ClientSplit]:
         images, labels = self._read()
+        check_clients_fit(
+            len(labels), self.num_clients, self.test_fraction, str(self.path), self.max_samples_per_client
+        )
         parts = partition(
             labels,
             self.partition,

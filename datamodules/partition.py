@@ -7,6 +7,8 @@ that names the client, because a silently empty client breaks aggregation weight
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 PARTITION_SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "domain", "dirichlet_domain")
@@ -37,6 +39,54 @@ def _check_num_clients(num_clients: int, num_samples: int) -> None:
         raise ValueError(
             f"client {num_samples} received no samples: {num_clients} clients requested but only {num_samples} "
             "samples exist; use fewer clients"
+        )
+
+
+def min_samples_for_test(test_fraction: float) -> int:
+    """The fewest samples a client needs to get one test sample and keep one training sample.
+
+    Mirrors :func:`datamodules.split.split_train_test`, which holds out ``round(n * test_fraction)`` samples
+    (at most ``n - 1``): that is at least one once ``n * test_fraction >= 0.5`` and ``n >= 2``.
+    """
+    if test_fraction <= 0:
+        return 1
+    return max(2, math.ceil(0.5 / test_fraction - 1e-12))
+
+
+def check_clients_fit(
+    num_samples: int,
+    num_clients: int,
+    test_fraction: float,
+    source: str,
+    max_samples_per_client: int | None = None,
+) -> None:
+    """Fail before partitioning when the data cannot give every client a training and a test sample.
+
+    Without this check such a run (e.g. 1,500 clients on 1,797 images) builds 1,500 one-image clients with empty
+    test sets and trains for minutes before anything looks wrong.
+
+    Args:
+        num_samples: Samples in the pooled data.
+        num_clients: Clients requested.
+        test_fraction: Per-client test fraction.
+        source: The data's name, for the message.
+        max_samples_per_client: The per-client cap, if any.
+
+    Raises:
+        ValueError: With the numbers and the largest number of clients the data can serve.
+    """
+    need = min_samples_for_test(test_fraction)
+    what = "a training and a test sample" if test_fraction > 0 else "a training sample"
+    if num_samples < num_clients * need:
+        raise ValueError(
+            f"{source}: {num_samples} samples cannot give each of {num_clients} clients {what}: at "
+            f"test_fraction={test_fraction} a client needs at least {need} samples, so at most "
+            f"{num_samples // need} clients fit; use fewer clients"
+        )
+    if max_samples_per_client is not None and max_samples_per_client < need:
+        raise ValueError(
+            f"{source}: max_samples_per_client={max_samples_per_client} leaves every client without {what}: at "
+            f"test_fraction={test_fraction} a client needs at least {need} samples"
         )
 
 

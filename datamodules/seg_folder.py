@@ -41,6 +41,29 @@ def load_mask(path: Path, size: int) -> np.ndarray:
         raise ValueError(f"cannot read mask {path}: {err}") from err
 
 
+def _pixel_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) from the file's header, or None if unreadable (the loaders then name the file)."""
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, UnidentifiedImageError, ValueError):
+        return None
+
+
+def check_pair_size(image: Path, mask: Path, client: str) -> None:
+    """A mask must have its image's size: resizing one to fit the other would misplace every label.
+
+    Raises:
+        ValueError: Naming the client, both files and both sizes.
+    """
+    image_size, mask_size = _pixel_size(image), _pixel_size(mask)
+    if image_size is not None and mask_size is not None and image_size != mask_size:
+        raise ValueError(
+            f"client {client!r}: mask {mask} is {mask_size[0]}x{mask_size[1]} but its image {image} is "
+            f"{image_size[0]}x{image_size[1]}; a mask must have its image's size (width x height)"
+        )
+
+
 class SegFolderFederated(FederatedDataModule):
     """One client per sub-directory of ``root``, each with ``images/`` and ``masks/`` of matching file stems.
 
@@ -63,7 +86,8 @@ class SegFolderFederated(FederatedDataModule):
 
     Raises:
         ValueError: On an invalid argument, naming it. Data errors (missing directory, unpaired file,
-            unreadable file, mask value out of range) are raised at the first load and name the client and file.
+            unreadable file, a mask whose size differs from its image's, mask value out of range) are raised at
+            the first load and name the client and file.
 
     """
 
@@ -142,6 +166,8 @@ class SegFolderFederated(FederatedDataModule):
         splits = []
         for client_dir in client_dirs:
             pairs = self._pairs(client_dir)
+            for image, mask in pairs:
+                check_pair_size(image, mask, client_dir.name)
             x = np.stack([load_image(img, self.channels, self.size) for img, _ in pairs])
             y = np.stack([self._mask_classes(load_mask(m, self.size), m, client_dir.name) for _, m in pairs])
             idx = np.arange(len(pairs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -68,6 +69,42 @@ def build_cli(args: list[str] | None = None) -> FederatedCLI:
     )
 
 
+_UNION_DUMP = "Does not validate against any of the Union subtypes"
+# The config section each base class of a union is instantiated for (the dump names the class, not the key).
+_SECTIONS = {"FederatedDataModule": "data", "ClientModule": "model", "Callback": "trainer.callbacks"}
+
+
+def instantiation_error_message(err: BaseException) -> str | None:
+    """The user's own error out of jsonargparse's union dump, or None when ``err`` is not such a dump.
+
+    A class argument such as ``data`` or ``model`` is a union (the class or None); when its constructor raises
+    (``alpha must be > 0, got -1.0``), jsonargparse reports every subtype's failure and the whole namespace,
+    and the one line that matters is lost among them. This returns ``data (datamodules.DigitsFederated): alpha
+    must be > 0, got -1.0``.
+    """
+    text = str(err)
+    if _UNION_DUMP not in text:
+        return None
+    errors, in_errors = [], False
+    for line in text.splitlines():
+        if line.startswith("Errors:"):
+            in_errors = True
+        elif in_errors and line.startswith("  - "):
+            errors.append(line[4:].strip())
+        elif in_errors and not line.startswith("    "):  # the end of the list (continuation lines are indented)
+            in_errors = False
+    # The other subtypes' failures (None, a list instead of one callback...) only say the value is not of them.
+    own = [e for e in errors if not e.startswith(("Expected a <class", "Not a valid subclass of"))]
+    errors = own or errors
+    if not errors:
+        return None
+    subtypes = next((line for line in text.splitlines() if line.startswith("Subtypes:")), "")
+    section = next((key for base, key in _SECTIONS.items() if re.search(rf"\b{base}\b", subtypes)), "config")
+    class_path = re.search(r"class_path='([^']+)'", text)
+    where = f"{section} ({class_path.group(1)})" if class_path else section
+    return f"invalid {where}: {'; '.join(errors)}"
+
+
 def main(args: list[str] | None = None) -> dict[str, Any]:
     """Entry point of ``train.py``; tests call it with an argument list.
 
@@ -78,7 +115,13 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     # W&B's own end-of-run printout repeats what our final table shows; the run directory says where its files are.
     os.environ.setdefault("WANDB_SILENT", "true")
-    cli = build_cli(args)
+    try:
+        cli = build_cli(args)
+    except ValueError as err:
+        clear = instantiation_error_message(err)
+        if clear is None:
+            raise
+        raise ValueError(clear) from None  # the dump and jsonargparse's frames say nothing more
     federation_cfg: FederationConfig = cli.config_init["federation"]
     seed = int(cli.config["seed_everything"])
 
