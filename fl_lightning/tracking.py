@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
 ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
+
+# Lightning warns, once per distinct batch count (so about once per client and run), that a client's epoch has
+# fewer batches than Trainer(log_every_n_steps). Metrics reach the loggers per round through the RoundTracker,
+# not per Trainer step, so lowering the interval changes nothing: the advice cannot be acted on.
+UNACTIONABLE_WARNINGS = (r"The number of training batches \(\d+\) is smaller than the logging interval",)
+
+
+def silence_unactionable_warnings() -> None:
+    """Ignore the warnings of :data:`UNACTIONABLE_WARNINGS` (process-wide; any other warning still shows)."""
+    for message in UNACTIONABLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=PossibleUserWarning)
 
 
 class RoundTracker:
@@ -27,6 +40,8 @@ class RoundTracker:
 
     def __init__(self, loggers: list[Logger]) -> None:
         self.loggers = list(loggers)
+        if self.loggers:  # Lightning's logging-interval warning only comes with a logger
+            silence_unactionable_warnings()
         self._defined: dict[int, set[str]] = {}  # per W&B logger: keys given "round" as their x-axis by name
 
     def start(self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None) -> None:
@@ -70,6 +85,10 @@ class RoundTracker:
 def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:
     # WandbLogger creates its run lazily on first use, so its init arguments can still be set here.
     if logger._experiment is None:
+        # WandbLogger passes anonymous=None to wandb.init, which W&B answers on every run with "The anonymous
+        # setting has no effect and will be removed"; leaving the key out keeps W&B's default, without the line.
+        if logger._wandb_init.get("anonymous") is None:
+            logger._wandb_init.pop("anonymous", None)
         if logger._wandb_init.get("dir") in (None, "."):  # WandbLogger's default save_dir is "."
             logger._wandb_init["dir"] = str(run_dir)
             logger._save_dir = str(run_dir)
