@@ -6,6 +6,7 @@ from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
 from callbacks.domain_isolation import DomainIsolation
 from callbacks.experience_replay import ExperienceReplay
+from callbacks.feddyn import FedDyn
 from callbacks.fedbn import FedBN
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
@@ -24,6 +25,7 @@ __all__ = [
     "ClusteredFL",
     "DomainIsolation",
     "FedBN",
+    "FedDyn",
     "FedNova",
     "FedOpt",
     "FedProx",

@@ -53,7 +53,7 @@ class FedNova(FederatedCallback):
 
     @override
     def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
-        self._tau_eff += weight * float(self.received(reply))
+        self._tau_eff += weight * float(self.get_payload(reply))
         self._weight += weight
 
     @override
@@ -83,4 +83,4 @@ class FedNova(FederatedCallback):
         a = normalizing_factor(reply.num_steps, self._momentum)
         params = {k: ctx.received[k] for k in self._client_names}
         reply.state.update(normalized_update(params, {k: reply.state[k] for k in self._client_names}, a))
-        self.send(reply, a)
+        self.put_payload(reply, a)

@@ -62,11 +62,11 @@ class Scaffold(FederatedCallback):
 
     @override
     def configure_task(self, server: Federation, task: Task) -> None:
-        self.send(task, self.c)
+        self.put_payload(task, self.c)
 
     @override
     def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
-        delta = self.received(reply)
+        delta = self.get_payload(reply)
         if not delta:
             return
         for k, d in delta.items():
@@ -128,5 +128,5 @@ class Scaffold(FederatedCallback):
         c = ctx.payload
         c_i = ctx.state.get("c_i") or {k: torch.zeros_like(v) for k, v in c.items()}
         c_new = client_control(c_i, c, ctx.received, reply.state, reply.num_steps, self._lr)
-        self.send(reply, {k: c_new[k] - c_i[k] for k in c})
+        self.put_payload(reply, {k: c_new[k] - c_i[k] for k in c})
         ctx.state["c_i"] = c_new

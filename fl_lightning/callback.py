@@ -24,7 +24,7 @@ class FederatedCallback(L.Callback):
 
     **Server half** (called by the :class:`~fl_lightning.federation.Federation`, which it may read):
     ``on_federation_start`` → each round ``on_round_start`` → per task ``configure_task`` (add a payload
-    with :meth:`send`, or set the task's budget) → per reply ``on_reply`` (read payloads with :meth:`received`)
+    with :meth:`put_payload`, or set the task's budget) → per reply ``on_reply`` (read payloads with :meth:`get_payload`)
     → per group ``on_aggregate`` → ``on_pass_on`` (peer-to-peer) → evaluation (``extra_evaluation``) →
     ``on_round_end``. ``state_dict``/``load_state_dict`` hold the server half's state.
 
@@ -61,11 +61,11 @@ class FederatedCallback(L.Callback):
         return set()
 
     # ------------------------------------------------------------------ payload helpers
-    def send(self, message: Task | Reply, payload: Any) -> None:
+    def put_payload(self, message: Task | Reply, payload: Any) -> None:
         """Attach this callback's payload to a task (server half) or a reply (client half)."""
         message.payloads[self.state_key] = payload
 
-    def received(self, message: Task | Reply, default: Any = None) -> Any:
+    def get_payload(self, message: Task | Reply, default: Any = None) -> Any:
         """The payload of this callback in a task or reply (``default`` if there is none)."""
         return message.payloads.get(self.state_key, default)
 
@@ -77,7 +77,7 @@ class FederatedCallback(L.Callback):
         """Server: before any task of round ``round_idx`` is sent."""
 
     def configure_task(self, server: Federation, task: Task) -> None:
-        """Server: before a ``fit`` task is sent; add a payload (:meth:`send`) or set its budget."""
+        """Server: before a ``fit`` task is sent; add a payload (:meth:`put_payload`) or set its budget."""
 
     def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
         """Server: a successful ``fit`` reply arrived, before it enters its group's mean with ``weight``.

@@ -169,6 +169,16 @@ class Federation:
         """Simulation introspection: the runtime's private states keyed ``(group, client)``."""
         return {(g, c): st for c, groups in self.runtime.private.items() for g, st in groups.items()}
 
+    @property
+    def optimizer_states(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Simulation introspection: the runtime's kept optimiser states keyed ``(group, client)``."""
+        return {(g, c): st for c, groups in self.runtime.optimizer_states.items() for g, st in groups.items()}
+
+    @property
+    def private_keys(self) -> set[str]:
+        """Simulation introspection: the state-dict keys the runtime keeps private."""
+        return self.runtime.private_keys
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
         """Run all rounds (from a checkpoint if ``config.resume`` is set) and the final evaluation.
@@ -375,7 +385,7 @@ class Federation:
                 protocol.QUERY, self.round, cid, group, state=state, query=f"{callback.state_key}/{name}",
                 payloads={callback.state_key: payload},
             )  # fmt: skip
-            answers[cid] = callback.received(self.transport.request(task))
+            answers[cid] = callback.get_payload(self.transport.request(task))
         return answers
 
     def _runtime_op(

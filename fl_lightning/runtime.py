@@ -164,7 +164,9 @@ class ClientRuntime:
     def context(self, cb: FederatedCallback, task: Task) -> ClientContext:
         """The client context of ``cb`` for ``task``."""
         state = self.callback_states.setdefault(task.client_id, {}).setdefault(cb.state_key, {})
-        return ClientContext(task.client_id, task.round, task.group, cb.received(task), state, task.state, self, task)
+        return ClientContext(
+            task.client_id, task.round, task.group, cb.get_payload(task), state, task.state, self, task
+        )
 
     def private_state(self, client_id: str, group: str) -> StateDict:
         """The client's private state in ``group`` (empty if it has none yet)."""
@@ -277,7 +279,7 @@ class ClientRuntime:
         cb = self._by_key.get(key)
         if cb is None:
             raise KeyError(f"query {task.query!r} for client {task.client_id!r}: no callback {key!r} on this runtime")
-        answer = cb.answer_query(self.context(cb, task), name, cb.received(task))
+        answer = cb.answer_query(self.context(cb, task), name, cb.get_payload(task))
         return Reply(task.client_id, task.group, payloads={key: answer})
 
     def _regroup(self, task: Task) -> Reply:

@@ -22,10 +22,12 @@ class Uploads(FederatedCallback):
     def on_round_start(self, federation, round_idx, selected):
         self.round = round_idx
 
-    def on_client_start(self, federation, client_id, module):
+    def on_client_start(self, ctx, module):
+        client_id = ctx.client_id
         self.received[(self.round, client_id)] = module.input_norm.amplitude.detach().clone()
 
-    def on_client_end(self, federation, client_id, module, update):
+    def on_client_end(self, ctx, module, update):
+        client_id = ctx.client_id
         self.uploaded[(self.round, client_id)] = (update.state[AMP].clone(), bool(update.state[FROZEN]))
 
 
@@ -101,9 +103,12 @@ def test_needs_a_server_and_an_identity_input_norm(tmp_path):
     fed = build_federation(tmp_path, [AmplitudeNormalization()], topology="peer_to_peer")
     with pytest.raises(PreconditionError, match="topology"):
         fed.run()
-    fed = build_federation(tmp_path, [AmplitudeNormalization(), AmplitudeNormalization()])
+    with pytest.raises(ValueError, match="more than once"):
+        build_federation(tmp_path, [AmplitudeNormalization(), AmplitudeNormalization()])
+    fed = build_federation(tmp_path, [AmplitudeNormalization()])
+    fed.setup()  # the layer is installed: a second installation finds no identity to replace
     with pytest.raises(PreconditionError, match="input_norm"):
-        fed.setup()
+        AmplitudeNormalization().prepare_module(fed.module, fed.data)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [({"v": 0.0}, "v must"), ({"band": -0.1}, "band must")])

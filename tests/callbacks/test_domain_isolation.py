@@ -12,7 +12,7 @@ from callbacks import DomainIsolation, FederatedCallback
 from datamodules import DigitsSegFederated
 from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.clients.segmentation import SegmentationClient
-from fl_lightning.cluster_selector import predict_clusters
+from callbacks.cluster_selector import predict_clusters
 from fl_lightning.segmentation_metrics import pixel_confusion, segmentation_metrics
 from tests.conftest import build_federation
 
@@ -44,15 +44,16 @@ class Uploads(FederatedCallback):
     def on_round_start(self, federation, round_idx, selected):
         self.round = round_idx
 
-    def on_client_end(self, federation, client_id, module, update):
-        self.uploads.setdefault(self.round, {}).setdefault(update.group, []).append(update)
+    def on_reply(self, server, task, reply, weight):
+        self.uploads.setdefault(self.round, {}).setdefault(reply.group, []).append((reply, weight))
 
     def on_aggregate(self, federation, group, previous, averaged):
-        ups = self.uploads[self.round][group.name]
+        ups = [u for u, _ in self.uploads[self.round][group.name]]
         sizes = torch.tensor([float(u.num_samples) for u in ups])
         if group.subsets is not None:  # n_{i,m}: the client's samples of this cluster
             assert [u.num_samples for u in ups] == [len(group.subsets[u.client_id]) for u in ups]
-        assert torch.allclose(torch.tensor([u.weight for u in ups]), sizes / sizes.sum())
+        weights = [w for _, w in self.uploads[self.round][group.name]]
+        assert torch.allclose(torch.tensor(weights), sizes / sizes.sum())
         key = "net.head.weight" if "net.head.weight" in averaged else next(k for k in averaged if "weight" in k)
         by_hand = sum(u.state[key] * (n / sizes.sum()) for u, n in zip(ups, sizes))
         assert torch.allclose(averaged[key], by_hand, atol=1e-6)

@@ -53,14 +53,16 @@ class Recorder(FederatedCallback):
     def on_round_start(self, federation, round_idx, selected):
         self.round = round_idx
 
-    def on_client_start(self, federation, client_id, module):
+    def on_client_start(self, ctx, module):
+        client_id = ctx.client_id
         self.node = client_id
         self.starts[(self.round, client_id)] = clone_state(module.state_dict())
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches[(self.round, self.node)].append([t.clone() for t in batch])
 
-    def on_client_end(self, federation, client_id, module, update):
+    def on_client_end(self, ctx, module, update):
+        client_id = ctx.client_id
         self.uploads[(self.round, client_id)] = clone_state(update.state)
 
 
@@ -104,7 +106,8 @@ def test_feder_joins_real_batches_with_the_predecessors_buffer_and_passes_models
                 assert torch.equal(y[b:], buffer.labels[idx])
                 torch.testing.assert_close(w, torch.tensor([1 / b] * b + [lam / b] * b))
     last = predecessors(ids, rounds - 1)
-    assert er.received == last  # after the last round each node holds its predecessor's buffer...
+    held = {node: states[er.state_key]["received"]["from"] for node, states in fed.runtime.callback_states.items()}
+    assert held == last  # after the last round each node holds its predecessor's buffer...
     for node in ids:  # ...and its predecessor's model
         assert equal_states(fed.private[("global", node)], rec.uploads[(rounds - 1, last[node])])
 

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from callbacks import ClassifierShift, FederatedCallback, FedNova, FedOpt, Moon, Reweighting, Scaffold
 from fl_lightning.errors import PreconditionError
+from fl_lightning.ops.label_shift import inverse_prior_weights
+from fl_lightning.protocol import Task
 from tests.conftest import build_federation, reference_scaffold, tiny_data, tiny_model
 
 LR = 0.1
@@ -28,7 +30,8 @@ class Uploads(FederatedCallback):
     def __init__(self):
         self.states, self.steps = {}, {}
 
-    def on_client_end(self, federation, client_id, module, update):
+    def on_client_end(self, ctx, module, update):
+        client_id = ctx.client_id
         self.states[client_id] = {k: v.clone() for k, v in update.state.items()}
         self.steps[client_id] = update.num_steps
 
@@ -99,17 +102,30 @@ def test_fednova_with_unequal_steps_matches_hand_computation(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
-def test_fedopt_first_server_step_by_hand(tmp_path, kind):
+@pytest.mark.parametrize("initial", [None, 0.0])
+def test_fedopt_first_server_step_by_hand(tmp_path, kind, initial):
+    """v₋₁ = τ² (Reddi et al. 2021, Alg. 2; the default) or 0 (``initial_accumulator=0``)."""
     plain = run(tmp_path, "a", rounds=1)
-    opt = run(tmp_path, "b", [FedOpt(kind, lr=0.01, betas=(0.9, 0.99), eps=1e-3)], rounds=1)
+    opt = run(tmp_path, "b", [FedOpt(kind, lr=0.01, betas=(0.9, 0.99), eps=1e-3, initial_accumulator=initial)], rounds=1)
     w0 = tiny_model(tiny_data()).state_dict()
+    v0 = 1e-6 if initial is None else 0.0
     for k, _ in opt.module.named_parameters():
         delta = plain.groups[0].state[k] - w0[k]
         m = 0.1 * delta
-        v = {"adam": 0.01 * delta**2, "yogi": 0.01 * delta**2, "adagrad": delta**2}[kind]
+        sq = delta**2
+        v = {"adam": 0.99 * v0 + 0.01 * sq, "yogi": v0 - 0.01 * sq * torch.sign(v0 - sq), "adagrad": v0 + sq}[kind]
         torch.testing.assert_close(opt.groups[0].state[k], w0[k] + 0.01 * m / (v.sqrt() + 1e-3), rtol=0, atol=1e-6)
     buffers = [k for k in w0 if "running" in k]
     assert buffers and all(torch.equal(opt.groups[0].state[k], plain.groups[0].state[k]) for k in buffers)
+
+
+def test_fedopt_initial_accumulator_changes_the_first_step(tmp_path):
+    paper = run(tmp_path, "p", [FedOpt("adam", initial_accumulator=None)], rounds=1)
+    zero = run(tmp_path, "z", [FedOpt("adam", initial_accumulator=0.0)], rounds=1)
+    key = next(k for k, _ in paper.module.named_parameters())
+    assert not torch.equal(paper.groups[0].state[key], zero.groups[0].state[key])
+    with pytest.raises(ValueError, match="initial_accumulator"):
+        FedOpt(initial_accumulator=-1.0)
 
 
 # ---------------------------------------------------------------- MOON
@@ -128,20 +144,20 @@ class TermProbe(FederatedCallback):
         self.moon, self.checked = moon, 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        cid = self.moon._client
-        if batch_idx or cid not in self.moon.previous or "moon" not in pl_module.loss_terms:
+        ctx = self.moon._ctx
+        if batch_idx or "previous" not in ctx.state or "moon" not in pl_module.loss_terms:
             return
         x = batch[0]
         with torch.no_grad():
             # copies first: a train-mode forward below updates BatchNorm running statistics
             glob = copy.deepcopy(pl_module.net).eval()
             prev = copy.deepcopy(pl_module.net).eval()
-            prev.load_state_dict(self.moon.previous[cid])
+            prev.load_state_dict(ctx.state["previous"])
             z = pl_module.net.features(x)
             zg, zp = glob.features(x), prev.features(x)
             sim_g, sim_p = F.cosine_similarity(z, zg) / 0.5, F.cosine_similarity(z, zp) / 0.5
             expected = 2.0 * (-(sim_g - torch.logaddexp(sim_g, sim_p))).mean()
-            got = pl_module.loss_terms["moon"](x=x, y=batch[1], logits=None, features=z)
+            got = pl_module.loss_terms["moon"](x=x, y=batch[1], logits=None, features=z, x_normalized=x)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
         self.checked += 1
 
@@ -151,7 +167,8 @@ def test_moon_term_matches_hand_computation(tmp_path):
     probe = TermProbe(moon)
     fed = run(tmp_path, "m", [moon, probe], rounds=2)
     assert probe.checked == len(fed.data.client_ids)  # every client, in its second round
-    assert set(moon.previous) == set(fed.data.client_ids)
+    held = {c for c, states in fed.runtime.callback_states.items() if "previous" in states[moon.state_key]}
+    assert held == set(fed.data.client_ids)
 
 
 def test_moon_needs_a_representation(tmp_path):
@@ -182,11 +199,11 @@ def test_reweighting_weights_the_loss(tmp_path):
     rew = Reweighting()
     fed = build_federation(tmp_path, [rew], data=data)
     fed.setup()
-    rew.on_federation_start(fed)
     cid = data.client_ids[0]
-    rew.on_client_start(fed, cid, fed.module)
+    rew.on_client_start(fed.runtime.context(rew, Task("fit", 0, cid, "global")), fed.module)
     x, y = next(iter(data.client_train_loader(cid)))
-    expected = F.cross_entropy(fed.module(x), y, weight=rew.weights[cid])
+    weights = inverse_prior_weights(data.label_counts(cid)).float()
+    expected = F.cross_entropy(fed.module(x), y, weight=weights)
     torch.testing.assert_close(fed.module.training_loss((x, y)), expected)
     assert not torch.allclose(expected, F.cross_entropy(fed.module(x), y))
 
@@ -200,14 +217,15 @@ def test_fedshift_shift_is_training_only_and_matches_hand(tmp_path):
     pri = {c: (v + 1) / (v.sum() + 10) for c, v in counts.items()}
     n = sum(v.sum() for v in counts.values())
     glob = sum(v.sum() * pri[c] for c, v in counts.items()) / n
+    shifts = {c: fed.runtime.callback_states[c][shift.state_key]["shift"] for c in data.client_ids}
     for c in data.client_ids:
-        torch.testing.assert_close(shift.shifts[c].double(), pri[c].log() - glob.log(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(shifts[c].double(), pri[c].log() - glob.log(), atol=1e-6, rtol=0)
         # the client trained with its shift, but evaluation ignores it
-        assert torch.allclose(fed.private[("global", c)]["logit_adjustment"], shift.shifts[c])
+        assert torch.allclose(fed.private[("global", c)]["logit_adjustment"], shifts[c])
     module, loader = fed.module, data.client_test_loader(data.client_ids[0])
     module.load_state_dict(fed.groups[0].state)
     plain = module.evaluate(loader, torch.device("cpu"))
-    module.logit_adjustment.copy_(shift.shifts[data.client_ids[0]])
+    module.logit_adjustment.copy_(shifts[data.client_ids[0]])
     assert module.evaluate(loader, torch.device("cpu")) == plain
     x, y = next(iter(loader))
     torch.testing.assert_close(module.training_loss((x, y)), F.cross_entropy(module(x) + module.logit_adjustment, y))
@@ -217,7 +235,8 @@ def test_fedshift_with_equal_priors_is_fedavg(tmp_path):
     counts = torch.full((10,), 3)
     plain = run(tmp_path, "a")
     shifted = run(tmp_path, "b", [ClassifierShift()], data=uniform_counts(tiny_data(), counts))
-    assert all(v.abs().max() < 1e-6 for v in shifted.callbacks[0].shifts.values())
+    key = shifted.callbacks[0].state_key
+    assert all(states[key]["shift"].abs().max() < 1e-6 for states in shifted.runtime.callback_states.values())
     assert_states_close(plain.groups[0].state, shifted.groups[0].state, atol=1e-5, keys=net_keys(plain.groups[0].state))
 
 
@@ -232,7 +251,9 @@ def test_resume_mid_run_is_exact(tmp_path, make):
     run(tmp_path, "split", [make()], rounds=2, run_name="x")
     resumed = run(tmp_path, "split", [make()], rounds=4, run_name="x", resume="last")
     assert_states_close(full.groups[0].state, resumed.groups[0].state)
-    a, b = full.callbacks[0].state_dict(), resumed.callbacks[0].state_dict()
+    # the server half's state and every client's private state of the method (kept by the runtime)
+    a, b = ({"server": f.callbacks[0].state_dict(), "clients": {c: st[f.callbacks[0].state_key]
+            for c, st in f.runtime.callback_states.items()}} for f in (full, resumed))  # fmt: skip
     flat = lambda d: {f"{k}/{k2}": v for k, inner in d.items() for k2, v in _flatten(inner).items()}  # noqa: E731
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys() and fa

@@ -93,8 +93,9 @@ class LRRecorder(FederatedCallback):
         self.lrs = {}
         self._key = None
 
-    def on_client_start(self, federation, client_id, module):
-        self._key = (federation.round, federation.group_of(client_id).name, client_id)
+    def on_client_start(self, ctx, module):
+        client_id = ctx.client_id
+        self._key = (ctx.round, ctx.group, client_id)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.lrs.setdefault(self._key, []).append(trainer.optimizers[0].param_groups[0]["lr"])

@@ -235,7 +235,7 @@ def test_preconditions_fail_loudly():
     # The Federation's start-of-run check sees the module's optimisers before Lightning does.
     trainer = SimpleNamespace(accumulate_grad_batches=1)
     with pytest.raises(PreconditionError, match="exactly one optimiser"):
-        WeightPerturbation().on_federation_start(
+        WeightPerturbation().on_runtime_start(
             SimpleNamespace(module=Tiny(make_net(), two_optimizers=True), trainer=trainer)
         )
     with pytest.raises(PreconditionError, match="exactly one optimiser"):

@@ -90,7 +90,8 @@ class UploadRecorder(FederatedCallback):
     def __init__(self):
         self.uploads = {}
 
-    def on_client_end(self, federation, client_id, module, update):
+    def on_client_end(self, ctx, module, update):
+        client_id = ctx.client_id
         self.uploads[client_id] = (update.state, update.num_samples)
 
 

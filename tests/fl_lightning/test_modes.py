@@ -42,11 +42,13 @@ class Recorder(FederatedCallback):
     def on_round_start(self, federation, round_idx, selected):
         self.round = round_idx
 
-    def on_client_start(self, federation, client_id, module):
+    def on_client_start(self, ctx, module):
+        client_id = ctx.client_id
         self.starts[(self.round, client_id)] = clone_state(module.state_dict())
         self.trained[self.round].append(client_id)
 
-    def on_client_end(self, federation, client_id, module, update):
+    def on_client_end(self, ctx, module, update):
+        client_id = ctx.client_id
         self.uploads[(self.round, client_id)] = (clone_state(update.state), update.num_samples)
 
 
@@ -163,7 +165,8 @@ class FailOn(FederatedCallback):
     def __init__(self, client_ids, how="raise"):
         self.client_ids, self.how, self.client = set(client_ids), how, None
 
-    def on_client_start(self, federation, client_id, module):
+    def on_client_start(self, ctx, module):
+        client_id = ctx.client_id
         self.client = client_id
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -275,10 +278,11 @@ class KeepModels(FederatedCallback):
     def moves_models(self):
         return False
 
-    def on_pass_on(self, federation, successor):
+    def on_pass_on(self, server, round_idx, successor):
         self.cycles.append(dict(successor))
 
-    def on_client_end(self, federation, client_id, module, update):
+    def on_client_end(self, ctx, module, update):
+        client_id = ctx.client_id
         self.trained[client_id] = {k: v.clone() for k, v in update.state.items()}
 
 

@@ -73,11 +73,12 @@ def assert_same_final_state(a: Path, b: Path) -> None:
         assert ga["state"].keys() == gb["state"].keys()
         for key in ga["state"]:
             assert torch.equal(ga["state"][key], gb["state"][key]), key
-    assert ca["private"].keys() == cb["private"].keys()
-    for group in ca["private"]:
-        for client, state in ca["private"][group].items():
+    pa, pb = ca["runtime"]["private"], cb["runtime"]["private"]  # {client: {group: state}}
+    assert pa.keys() == pb.keys()
+    for client in pa:
+        for group, state in pa[client].items():
             for key, value in state.items():
-                assert torch.equal(value, cb["private"][group][client][key]), (client, key)
+                assert torch.equal(value, pb[client][group][key]), (client, key)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ class HookCounter(FederatedCallback):
         self.client = None
         self.counts = defaultdict(Counter)
 
-    def on_client_start(self, federation, client_id, module):
+    def on_client_start(self, ctx, module):
+        client_id = ctx.client_id
         self.client = client_id
         self.counts[client_id]["client_start"] += 1
 
