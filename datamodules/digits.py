@@ -10,7 +10,7 @@ from datamodules.assemble import build_client_splits, convert_channels, resize_i
 from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
 from datamodules.partition import PARTITION_SCHEMES, check_clients_fit, partition
 from datamodules.sampler import stable_seed
-from datamodules.shifts import SiteStyle, default_site_styles
+from datamodules.shifts import SiteStyle, StyleSpec, resolve_site_styles
 
 # Number of distinct domains (imaging styles) used by the domain-based partitions; matches the five fixed styles.
 _MAX_DOMAINS = 5
@@ -20,9 +20,10 @@ class DigitsFederated(FederatedDataModule):
     """Handwritten digits (``sklearn.datasets.load_digits``) split over ``num_clients`` sites; nothing downloaded.
 
     Flow: every sample is partitioned over clients; for the ``"domain"`` and ``"dirichlet_domain"`` schemes each
-    sample first gets a seeded random domain in ``range(min(num_clients, 5))`` and is partitioned by it (its style
-    is its domain's style), otherwise client ``i`` gets style ``i``. Styles are applied once per client, then each
-    client's samples are split into train and test (stratified). Client ids are ``"site0"``, ``"site1"``, ...
+    sample first gets a seeded random domain in ``range(min(num_clients, 5))`` (``range(len(site_styles))`` when
+    ``site_styles`` is a list) and is partitioned by it (its style is its domain's style), otherwise client ``i``
+    gets style ``i``. Styles are applied once per client, then each client's samples are split into train and
+    test (stratified). Client ids are ``"site0"``, ``"site1"``, ...
     ``train_domain``/``test_domain`` hold each sample's style index.
 
     Args:
@@ -32,7 +33,12 @@ class DigitsFederated(FederatedDataModule):
         partition: Partition scheme: "iid", "dirichlet", "pathological", "domain" or "dirichlet_domain".
         alpha: Dirichlet concentration for "dirichlet" (over labels) and "dirichlet_domain" (over domains).
         classes_per_client: Classes per client for "pathological".
-        site_styles: Apply per-site imaging styles (contrast, gamma, blur, noise, inversion, tint), seeded.
+        site_styles: Per-site imaging styles: ``true`` (site ``i`` gets fixed style ``i``: clean; gamma + low
+            contrast; inverted; blurred + gain; noisy + low contrast; then seeded random ones, RGB sites tinted),
+            ``false`` (none), or a list of one style per site (per domain for the domain partitions), each a name
+            (``clean``, ``low_contrast``, ``dark``, ``noisy``, ``inverted``, ``random``, …), parameters on top of
+            a name (``low_contrast+noise_std=0.05``) or a mapping of ``SiteStyle`` fields; see
+            ``datamodules.shifts`` for every name and parameter.
         max_samples_per_client: Cap on each client's samples before the train/test split (None: no cap).
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
@@ -53,7 +59,7 @@ class DigitsFederated(FederatedDataModule):
         partition: str = "iid",
         alpha: float = 0.5,
         classes_per_client: int = 2,
-        site_styles: bool = True,
+        site_styles: bool | list[StyleSpec] = True,
         max_samples_per_client: int | None = None,
         batch_size: int = 32,
         eval_batch_size: int = 256,
@@ -82,6 +88,15 @@ class DigitsFederated(FederatedDataModule):
         self.max_samples_per_client = max_samples_per_client
         self._declared_num_classes = 10
         self._source = "digits"
+        resolve_site_styles(site_styles, self._num_styles(), seed, channels)  # a bad style fails here, not at setup
+
+    def _num_styles(self) -> int:
+        """Styles needed: one per domain for the domain partitions (a list sets the domains), else one per client."""
+        if self.partition not in ("domain", "dirichlet_domain"):
+            return self.num_clients
+        if isinstance(self.site_styles, (list, tuple)):
+            return len(self.site_styles)
+        return min(self.num_clients, _MAX_DOMAINS)
 
     def _load(self) -> list[ClientSplit]:
         digits = load_digits()
@@ -94,7 +109,7 @@ class DigitsFederated(FederatedDataModule):
         domains = None
         if by_domain:
             rng = np.random.default_rng(stable_seed(self.seed, "domains"))
-            domains = rng.integers(0, min(self.num_clients, _MAX_DOMAINS), size=len(labels))
+            domains = rng.integers(0, self._num_styles(), size=len(labels))
         parts = partition(
             labels,
             self.partition,
@@ -108,16 +123,13 @@ class DigitsFederated(FederatedDataModule):
 
         if by_domain:
             style_index = domains
-            num_styles = min(self.num_clients, _MAX_DOMAINS)
         else:
             style_index = np.empty(len(labels), dtype=np.int64)
             for client, idx in enumerate(parts):
                 style_index[idx] = client
-            num_styles = self.num_clients
+        num_styles = self._num_styles()
         styles = (
-            default_site_styles(num_styles, self.seed, channels=self.channels)
-            if self.site_styles
-            else [SiteStyle()] * num_styles
+            resolve_site_styles(self.site_styles, num_styles, self.seed, self.channels) or [SiteStyle()] * num_styles
         )
         client_ids = [f"site{i}" for i in range(self.num_clients)]
         return build_client_splits(

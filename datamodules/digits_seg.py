@@ -11,7 +11,7 @@ from datamodules.assemble import convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule
 from datamodules.partition import partition
 from datamodules.sampler import stable_seed
-from datamodules.shifts import SiteStyle, apply_style, default_site_styles
+from datamodules.shifts import SiteStyle, StyleSpec, apply_style, resolve_site_styles
 from datamodules.split import split_train_test
 
 SEG_DIGITS = (0, 1, 3, 4)  # digit d is class SEG_DIGITS.index(d) + 1; class 0 is the background
@@ -82,7 +82,10 @@ class DigitsSegFederated(FederatedDataModule):
         inverted_fraction: Probability that an image belongs to the inverted domain, in [0, 1].
         partition: ``iid``, ``domain`` or ``dirichlet_domain`` (the latter two over the inversion domain).
         alpha: Dirichlet concentration over domains for ``dirichlet_domain``.
-        site_styles: Apply the per-site imaging styles.
+        site_styles: Per-site imaging styles: ``true`` (the sequence above), ``false`` (none), or a list of one
+            style per site: a name (``clean``, ``low_contrast``, ``dark``, ``noisy``, ``inverted``, ``random``, …),
+            parameters on top of a name (``low_contrast+noise_std=0.05``) or a mapping of ``SiteStyle`` fields;
+            see ``datamodules.shifts`` for every name and parameter.
         max_samples_per_client: Cap on each client's images before the train/test split (None: no cap).
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
@@ -104,7 +107,7 @@ class DigitsSegFederated(FederatedDataModule):
         inverted_fraction: float = 0.0,
         partition: str = "iid",
         alpha: float = 0.5,
-        site_styles: bool = True,
+        site_styles: bool | list[StyleSpec] = True,
         max_samples_per_client: int | None = None,
         batch_size: int = 16,
         eval_batch_size: int = 128,
@@ -137,6 +140,7 @@ class DigitsSegFederated(FederatedDataModule):
         self.partition = partition
         self.alpha = alpha
         self.site_styles = site_styles
+        resolve_site_styles(site_styles, num_clients, seed, channels)  # a bad style fails here, not at setup
         self.max_samples_per_client = max_samples_per_client
         self._declared_num_classes = len(SEG_DIGITS) + 1
         self._source = "digits_seg"
@@ -161,10 +165,8 @@ class DigitsSegFederated(FederatedDataModule):
             domains=domains if self.partition != "iid" else None,
         )  # fmt: skip
         parts = subsample(parts, self.max_samples_per_client, self.seed)
-        styles = (
-            default_site_styles(self.num_clients, self.seed, channels=self.channels)
-            if self.site_styles
-            else [SiteStyle()] * self.num_clients
+        styles = resolve_site_styles(self.site_styles, self.num_clients, self.seed, self.channels) or (
+            [SiteStyle()] * self.num_clients
         )
         splits = []
         for client, idx in enumerate(parts):

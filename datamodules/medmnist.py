@@ -13,7 +13,7 @@ from datamodules.assemble import build_client_splits, convert_channels, resize_i
 from datamodules.base import ClientSplit, FederatedDataModule
 from datamodules.partition import check_clients_fit, partition
 from datamodules.sampler import stable_seed
-from datamodules.shifts import default_site_styles
+from datamodules.shifts import StyleSpec, resolve_site_styles
 
 _SPLITS = ("train", "val", "test")
 _KEYS = "{train,val,test}_{images,labels}"
@@ -80,7 +80,11 @@ class MedMNISTFederated(FederatedDataModule):
         image_size: Resize images to this side (None keeps the file's size).
         channels: Convert images to 1 or 3 channels (None keeps the file's).
         num_classes: Number of classes (None infers max label + 1).
-        site_styles: Apply per-client imaging styles (client ``i`` gets site style ``i``), seeded.
+        site_styles: Per-client imaging styles: ``true`` (client ``i`` gets site style ``i``: clean; gamma + low
+            contrast; inverted; blurred + gain; noisy + low contrast; then seeded random ones, RGB clients
+            tinted), ``false`` (none), or a list of one style per client: a name (``clean``, ``low_contrast``,
+            ``dark``, ``noisy``, ``random``, …), parameters on top of a name (``low_contrast+noise_std=0.05``) or a
+            mapping of ``SiteStyle`` fields; see ``datamodules.shifts`` for every name and parameter.
         max_samples_per_client: Cap on each client's samples before the train/test split (None: no cap).
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
@@ -104,7 +108,7 @@ class MedMNISTFederated(FederatedDataModule):
         image_size: int | None = None,
         channels: int | None = None,
         num_classes: int | None = None,
-        site_styles: bool = False,
+        site_styles: bool | list[StyleSpec] = False,
         max_samples_per_client: int | None = None,
         batch_size: int = 32,
         eval_batch_size: int = 256,
@@ -134,6 +138,7 @@ class MedMNISTFederated(FederatedDataModule):
         self.size = image_size
         self.channels = channels
         self.site_styles = site_styles
+        resolve_site_styles(site_styles, num_clients, seed, channels or 1)  # a bad style fails here, not at setup
         self.max_samples_per_client = max_samples_per_client
         self._declared_num_classes = num_classes
         self._source = str(self.path)
@@ -202,7 +207,7 @@ class MedMNISTFederated(FederatedDataModule):
         parts = subsample(parts, self.max_samples_per_client, self.seed)
         styles = style_index = None
         if self.site_styles:
-            styles = default_site_styles(self.num_clients, self.seed, channels=int(images.shape[1]))
+            styles = resolve_site_styles(self.site_styles, self.num_clients, self.seed, int(images.shape[1]))
             style_index = np.empty(len(labels), dtype=np.int64)
             for client, idx in enumerate(parts):
                 style_index[idx] = client

@@ -2,13 +2,27 @@
 
 Medical sites differ in scanner contrast, gamma, sharpness, noise, polarity and colour; :class:`SiteStyle` captures
 those knobs and :func:`apply_style` applies them to a batch once, so a client's data is fixed across rounds.
+
+The datamodules' ``site_styles`` argument takes ``true`` (the default sequence: site ``i`` gets fixed style ``i``,
+then seeded random ones), ``false`` (none), or a list with one style per site, each given as
+
+* a name from :data:`NAMED_STYLES` (``clean``, ``low_contrast``, ``dark``, ``blurred``, ``noisy``, ``inverted``, …,
+  or ``random`` for the seeded random style of that site);
+* parameters, alone or on top of a name, joined by ``+``: ``contrast=0.7+noise_std=0.05``,
+  ``low_contrast+blur_sigma=0.8``, ``tint=1/0.8/0.8`` (R/G/B); later parts override earlier ones;
+* a mapping of :class:`SiteStyle` fields (``{contrast: 0.7, noise_std: 0.05}`` in YAML) or a ``SiteStyle``.
+
+So a shift can fit the modality: an X-ray study may want ``[clean, low_contrast, dark, noisy, blurred]`` and no
+``inverted`` site, which models a polarity flip that no X-ray scanner produces. See :func:`resolve_site_styles`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,15 +30,29 @@ import torch.nn.functional as F
 
 from datamodules.sampler import stable_seed
 
+# Named styles for ``site_styles: [...]`` (parameters as in SiteStyle). The first five are the default sites 0-4.
+NAMED_STYLES: dict[str, dict[str, float | bool]] = {
+    "clean": {},  # the identity
+    "gamma_low_contrast": {"gamma": 1.8, "contrast": 0.5},  # dark mid-tones, half the contrast
+    "inverted": {"invert": True},  # polarity flip
+    "blurred_gain": {"blur_sigma": 1.0, "gain": 1.3},  # soft focus, over-exposed
+    "noisy_low_contrast": {"noise_std": 0.15, "contrast": 0.6},  # heavy noise on flat contrast
+    "low_contrast": {"contrast": 0.5},
+    "high_contrast": {"contrast": 1.5},
+    "dark": {"gamma": 1.8},
+    "bright": {"gamma": 0.6},
+    "blurred": {"blur_sigma": 1.0},
+    "noisy": {"noise_std": 0.1},
+    "overexposed": {"gain": 1.3},
+    "underexposed": {"gain": 0.7},
+}
+# Not a fixed style: the seeded random style of the site (as sites >= 5 get with ``site_styles: true``).
+RANDOM_STYLE = "random"
+
 # The first five sites are fixed so experiments (and the numbers in DESIGN.md) are comparable across seeds:
 # clean; gamma + low contrast; inverted; blurred + gain; noisy + low contrast.
-_FIXED_STYLES: tuple[dict[str, float | bool], ...] = (
-    {},
-    {"gamma": 1.8, "contrast": 0.5},
-    {"invert": True},
-    {"blur_sigma": 1.0, "gain": 1.3},
-    {"noise_std": 0.15, "contrast": 0.6},
-)
+DEFAULT_SITE_SEQUENCE = ("clean", "gamma_low_contrast", "inverted", "blurred_gain", "noisy_low_contrast")
+_FIXED_STYLES: tuple[dict[str, float | bool], ...] = tuple(NAMED_STYLES[name] for name in DEFAULT_SITE_SEQUENCE)
 
 # Distinct tints for the fixed RGB sites; site 0 stays neutral.
 _FIXED_TINTS: tuple[tuple[float, float, float], ...] = (
@@ -40,16 +68,22 @@ _FIXED_TINTS: tuple[tuple[float, float, float], ...] = (
 class SiteStyle:
     """Imaging style of one site, applied in the order contrast, gamma, gain, blur, tint, noise, invert.
 
-    The default instance is the identity.
+    The default instance is the identity. Intensities are in [0, 1] and clamped to it at the end.
 
     Attributes:
-        contrast: Scale of intensities around 0.5 (< 1 flattens contrast).
-        gamma: Exponent applied to intensities (> 1 darkens mid-tones).
-        blur_sigma: Standard deviation in pixels of a Gaussian blur (0 disables it).
-        noise_std: Standard deviation of additive Gaussian noise (0 disables it).
-        invert: Whether intensities are inverted (``1 - x``).
-        gain: Multiplicative intensity gain.
-        tint: Per-channel multipliers (R, G, B), used only for 3-channel images.
+        contrast: Scale of intensities around 0.5, ``(x - 0.5) * contrast + 0.5``; > 0, < 1 flattens contrast
+            (0.5 halves it), > 1 stretches it.
+        gamma: Exponent ``x ** gamma``; > 0, > 1 darkens mid-tones (1.8: 0.5 → 0.29), < 1 brightens them.
+        blur_sigma: Standard deviation in pixels of a separable Gaussian blur, >= 0 (0 disables it; 1.0 on a
+            16-pixel digit softens strokes to about 3 pixels).
+        noise_std: Standard deviation of additive Gaussian noise, >= 0 (0 disables it; 0.15 is heavy), seeded
+            per client so it is the same in every round.
+        invert: Whether intensities are inverted (``1 - x``): a polarity flip (e.g. MR sequences, negatives).
+        gain: Multiplicative intensity gain, > 0 (> 1 over-exposes: bright areas saturate at the clamp).
+        tint: Per-channel multipliers (R, G, B), each >= 0, used only for 3-channel images.
+
+    Raises:
+        ValueError: If a parameter is outside its range, naming it.
 
     """
 
@@ -60,6 +94,22 @@ class SiteStyle:
     invert: bool = False
     gain: float = 1.0
     tint: tuple[float, float, float] | None = None
+
+    def __post_init__(self) -> None:
+        bad = {
+            "contrast": not self.contrast > 0,
+            "gamma": not self.gamma > 0,
+            "blur_sigma": not self.blur_sigma >= 0,
+            "noise_std": not self.noise_std >= 0,
+            "gain": not self.gain > 0,
+            "tint": self.tint is not None and (len(self.tint) != 3 or not all(v >= 0 for v in self.tint)),
+        }
+        wrong = [f"{k}={getattr(self, k)!r}" for k, is_bad in bad.items() if is_bad]
+        if wrong:
+            raise ValueError(
+                f"invalid site style {', '.join(wrong)} (contrast, gamma and gain > 0; blur_sigma and noise_std "
+                f">= 0; tint three values >= 0)"
+            )
 
 
 def _random_style(rng: np.random.Generator) -> SiteStyle:
@@ -108,6 +158,110 @@ def default_site_styles(num_sites: int, seed: int, channels: int = 1) -> list[Si
             style = dataclasses.replace(style, tint=tint)
         styles.append(style)
     return styles
+
+
+StyleSpec = str | SiteStyle | Mapping[str, Any]
+
+
+def resolve_site_styles(
+    site_styles: bool | Sequence[StyleSpec], num_sites: int, seed: int, channels: int = 1
+) -> list[SiteStyle] | None:
+    """The style of every site for a datamodule's ``site_styles`` argument.
+
+    Args:
+        site_styles: ``True`` for :func:`default_site_styles` (unchanged: fixed sites 0-4, then seeded random
+            ones; RGB sites tinted), ``False`` for none, or one spec per site (see the module docstring; a list
+            gives exactly the styles it names, tints included).
+        num_sites: Number of styles needed (sites, or domains where the datamodule styles by domain).
+        seed: Seed of the random styles (``random`` and the default sequence beyond site 4).
+        channels: Image channels (1 or 3); with ``True`` and 3, every site also gets a distinct tint.
+
+    Returns:
+        ``num_sites`` styles, or ``None`` for ``False``.
+
+    Raises:
+        ValueError: If the list does not hold one entry per site, or an entry names an unknown style or
+            parameter or a value out of range, naming the entry.
+
+    """
+    if site_styles is True:
+        return default_site_styles(num_sites, seed, channels=channels)
+    if site_styles is False or site_styles is None:
+        return None
+    if isinstance(site_styles, (str, Mapping, SiteStyle)):  # one style is not a list of per-site styles
+        raise ValueError(f"site_styles must be true, false or a list with one style per site; got {site_styles!r}")
+    specs = list(site_styles)
+    if not specs:
+        raise ValueError("site_styles is an empty list: give one style per site, or true / false")
+    if len(specs) != num_sites:
+        raise ValueError(f"site_styles lists {len(specs)} styles for {num_sites} sites; give one per site")
+    return [parse_style(spec, seed, site) for site, spec in enumerate(specs)]
+
+
+def parse_style(spec: StyleSpec, seed: int = 0, site: int = 0) -> SiteStyle:
+    """One site's style from a name, ``name+key=value`` parts, a mapping of fields or a :class:`SiteStyle`.
+
+    Args:
+        spec: The style (see the module docstring).
+        seed: Seed of ``random``.
+        site: The site's index (``random`` draws that site's seeded style, independent of the other sites).
+
+    Raises:
+        ValueError: On an unknown name or parameter, a malformed value or a value out of range, naming them.
+
+    """
+    if isinstance(spec, SiteStyle):
+        return spec
+    if not isinstance(spec, (str, Mapping)) and hasattr(spec, "as_dict"):  # a jsonargparse Namespace
+        spec = spec.as_dict()
+    if isinstance(spec, Mapping):
+        fields = dict(spec)
+        if fields.get("tint") is not None:
+            fields["tint"] = tuple(float(v) for v in fields["tint"])
+        try:
+            return SiteStyle(**fields)
+        except TypeError:
+            unknown = sorted(set(fields) - set(_FIELDS))
+            raise ValueError(f"site style {spec!r}: unknown parameter(s) {unknown}; known: {_FIELDS}") from None
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a site style is a name, name+key=value or a mapping of {_FIELDS}; got {spec!r}")
+    style = SiteStyle()
+    for part in (p.strip() for p in spec.split("+")):
+        if "=" in part:
+            key, _, value = (t.strip() for t in part.partition("="))
+            try:
+                style = dataclasses.replace(style, **{key: _parse_value(key, value, spec)})
+            except ValueError as err:  # out of range: SiteStyle names the parameter, we add the entry
+                raise ValueError(
+                    str(err) if str(err).startswith("site style") else f"site style {spec!r}: {err}"
+                ) from None
+        elif part == RANDOM_STYLE:
+            style = _random_style(np.random.default_rng(stable_seed(seed, "site_style", site)))
+        elif part in NAMED_STYLES:
+            style = dataclasses.replace(style, **NAMED_STYLES[part])
+        else:
+            names = ", ".join([*NAMED_STYLES, RANDOM_STYLE])
+            raise ValueError(f"site style {spec!r}: unknown style {part!r}; named styles: {names}")
+    return style
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(SiteStyle))
+
+
+def _parse_value(key: str, value: str, spec: str) -> float | bool | tuple[float, ...]:
+    """The value of one ``key=value`` part (``invert=true``, ``tint=1/0.8/0.8``, numbers otherwise)."""
+    if key not in _FIELDS:
+        raise ValueError(f"site style {spec!r}: unknown parameter {key!r}; known: {', '.join(_FIELDS)}")
+    try:
+        if key == "invert":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        if key == "tint":
+            return tuple(float(v) for v in value.split("/"))
+        return float(value)
+    except ValueError:
+        raise ValueError(f"site style {spec!r}: cannot read {key}={value!r}") from None
 
 
 def _gaussian_kernel(sigma: float, max_radius: int) -> torch.Tensor:
