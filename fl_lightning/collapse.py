@@ -166,7 +166,7 @@ def detect_collapse(
             f"{pooled.get('balanced_acc', math.nan):.3f}): training collapsed"
         )
     chance = balanced_acc_at_chance(pooled, num_classes, margin)
-    if chance:
+    if chance and not single:  # a single predicted class scores chance by construction: one message says it
         messages.append(
             f"balanced accuracy on the pooled test set is {pooled['balanced_acc']:.3f}, at chance "
             f"(1/{num_classes} = {1 / num_classes:.3f}): the model does not tell the classes apart"

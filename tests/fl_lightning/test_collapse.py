@@ -85,10 +85,12 @@ def test_detect_collapse_gives_flags_and_messages():
     found = detect_collapse({"pooled": MAJORITY}, rows({1: [1.0, 1.2], 2: [300.0, 1e4]}), num_classes=2)
     assert found.detected and found.single_class_predictions and found.balanced_acc_at_chance
     assert found.train_loss_growth is True
-    assert len(found.messages) == 3
+    assert len(found.messages) == 2  # chance is implied by a single predicted class: not said twice
     assert "single class" in found.messages[0] and "0.850" in found.messages[0]
-    assert "1/2" in found.messages[1]
-    assert "round 2" in found.messages[2] and "diverged" in found.messages[2]
+    assert "round 2" in found.messages[1] and "diverged" in found.messages[1]
+    at_chance = detect_collapse({"pooled": {**HEALTHY, "balanced_acc": 0.505}}, num_classes=2)
+    assert at_chance.balanced_acc_at_chance and not at_chance.single_class_predictions
+    assert len(at_chance.messages) == 1 and "1/2 = 0.500" in at_chance.messages[0]
     healthy = detect_collapse({"pooled": HEALTHY}, rows({1: [2.3], 2: [0.4]}), num_classes=2)
     assert not healthy.detected and healthy.messages == ()
     assert healthy.as_dict() == {
