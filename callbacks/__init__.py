@@ -6,8 +6,8 @@ from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
 from callbacks.domain_isolation import DomainIsolation
 from callbacks.experience_replay import ExperienceReplay
-from callbacks.feddyn import FedDyn
 from callbacks.fedbn import FedBN
+from callbacks.feddyn import FedDyn
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx

@@ -173,7 +173,7 @@ def train_selector(
             eval_every=0,
             output_dir=str(server.run_dir.path),
             run_name="selector",
-            progress=False,
+            quiet=True,
             plots=False,
             checkpoint_every=0,
         )

@@ -6,7 +6,7 @@ to match x (starting from the best code of the sample). The same is measured for
 the privacy term (α = 0), and for each real image's closest *other* real image of the node (the scale of
 "close"). A histogram (PNG) and the numbers (JSON) go to the run directory::
 
-    python -m fl_lightning.privacy_audit --run runs/<feder run> [--reference <run trained with alpha 0>]
+    python -m callbacks.privacy_audit --run runs/<feder run> [--reference <run trained with alpha 0>]
 
 Without ``--reference``, α = 0 generators are trained with the run's own settings and seeds into
 ``<out>/generators_no_privacy/`` (reused when present; also usable as ``ExperienceReplay.generators_from``).
@@ -253,7 +253,7 @@ def audit(
 
 
 def main(args: list[str] | None = None) -> dict[str, Any]:
-    """``python -m fl_lightning.privacy_audit --run <dir>``; returns what the JSON holds."""
+    """``python -m callbacks.privacy_audit --run <dir>``; returns what the JSON holds."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, required=True, help="FedER run directory")
     parser.add_argument("--reference", type=Path, help="run or generators directory trained with alpha = 0")

@@ -29,8 +29,10 @@ class WeightPerturbation(FederatedCallback):
     SCAFFOLD) and Lightning's gradient clipping apply to g' whatever the callback order. It runs under the
     Trainer's precision context (autocast) and, with a gradient scaler (``16-mixed``), backpropagates the
     scaled loss, so the scaler's unscale and inf check cover g'. The second pass sees the same batch in
-    train mode; every buffer (BatchNorm running statistics, the amplitude) is restored after it, so
-    running statistics advance once per step. Lightning's backward hooks see one backward per step.
+    train mode, except the module's ``input_norm`` (HarmoFL's amplitude layer), which runs in eval mode
+    so that both passes see the same normalised input Ψ(x); every buffer (BatchNorm running statistics, the
+    amplitude) is restored after it, so running statistics advance once per step. Lightning's backward
+    hooks see one backward per step.
 
     Preconditions: automatic optimisation, one optimiser, ``trainer.accumulate_grad_batches=1``, and a
     module with ``training_loss(batch)`` (every ClientModule).
@@ -89,10 +91,21 @@ class WeightPerturbation(FederatedCallback):
         saved = perturb(params, self.alpha)
         for p in params:
             p.grad = None
-        with torch.enable_grad(), trainer.precision_plugin.train_step_context():
-            loss = pl_module.training_loss(self._batch)
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        # The input normalisation (HarmoFL's amplitude layer) in eval mode: both passes must see the same Ψ(x)
+        # (paper, Eq. 7). In training mode it would update its running amplitude with this batch a second time
+        # and normalise with that, i.e. take g' on another input than g.
+        norm = getattr(pl_module, "input_norm", None)
+        norm_was_training = norm is not None and norm.training
+        if norm is not None:
+            norm.eval()
+        try:
+            with torch.enable_grad(), trainer.precision_plugin.train_step_context():
+                loss = pl_module.training_loss(self._batch)
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        finally:
+            if norm is not None:
+                norm.train(norm_was_training)
         restore(saved)
         restore(buffers)
         self._batch = None

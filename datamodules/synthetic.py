@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from datamodules.base import ClientSplit, FederatedDataModule
-from fl_lightning.generator_store import GENERATORS_DIR, data_digest, generator_path, load_node_gan
+from datamodules.generated import GENERATORS_DIR, data_digest, generator_path, load_node_gan
 
 
 class SyntheticFederated(FederatedDataModule):

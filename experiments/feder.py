@@ -154,7 +154,7 @@ def main() -> None:
                   f"({result['seconds']:.0f}s)", flush=True)  # fmt: skip
         text = table(saved["runs"], saved["gan_seconds"])
         if args.audit_real:
-            from fl_lightning.privacy_audit import audit
+            from callbacks.privacy_audit import audit
 
             start = time.perf_counter()
             found = audit(gan_run, out=Path(tmp) / "audit", max_real=args.audit_real)  # trains the α = 0 reference

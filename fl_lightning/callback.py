@@ -24,9 +24,9 @@ class FederatedCallback(L.Callback):
 
     **Server half** (called by the :class:`~fl_lightning.federation.Federation`, which it may read):
     ``on_federation_start`` → each round ``on_round_start`` → per task ``configure_task`` (add a payload
-    with :meth:`put_payload`, or set the task's budget) → per reply ``on_reply`` (read payloads with :meth:`get_payload`)
-    → per group ``on_aggregate`` → ``on_pass_on`` (peer-to-peer) → evaluation (``extra_evaluation``) →
-    ``on_round_end``. ``state_dict``/``load_state_dict`` hold the server half's state.
+    with :meth:`put_payload`, or set the task's budget) → per reply ``on_reply`` (read payloads with
+    :meth:`get_payload`) → per group ``on_aggregate`` → ``on_pass_on`` (peer-to-peer) → evaluation
+    (``extra_evaluation``) → ``on_round_end``. ``state_dict``/``load_state_dict`` hold the server half's state.
 
     **Client half** (called by the :class:`~fl_lightning.runtime.ClientRuntime`; never sees the Federation):
     ``on_runtime_start`` once → per fit ``on_client_start`` → ``wrap_train_loader`` → the usual Lightning

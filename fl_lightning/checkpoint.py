@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from datamodules.files import load_state_file  # the one safe loader (weights_only) for every state file
+
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^round-(\d{5})\.ckpt$")
 # What save_checkpoint and run_dir.atomic_write_text name their temporary files: ".<final name>.<random>.tmp".
@@ -41,30 +43,6 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def load_state_file(path: Path, what: str) -> dict[str, Any]:
-    """``torch.load`` a dict onto the CPU with ``weights_only=True`` (no arbitrary unpickling).
-
-    Args:
-        path: The file.
-        what: What the file is, for the error messages (e.g. ``"checkpoint"``).
-
-    Raises:
-        FileNotFoundError: If ``path`` does not exist.
-        RuntimeError: If the file is unreadable (truncated, corrupt) or holds no dict, naming it.
-
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises several types for a damaged file
-        raise RuntimeError(f"{what} {path} is unreadable (truncated or corrupt): {err}") from err
-    if not isinstance(state, dict):
-        raise RuntimeError(f"{what} {path} does not hold a dict")
-    return state
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

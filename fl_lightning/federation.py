@@ -21,7 +21,7 @@ import lightning as L
 import torch
 
 from datamodules.base import FederatedDataModule
-from fl_lightning import protocol, records
+from fl_lightning import collapse, protocol, records
 from fl_lightning.callback import FederatedCallback, check_composition
 from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from fl_lightning.clients.base import ClientModule
@@ -33,7 +33,7 @@ from fl_lightning.ops.state import StateDict
 from fl_lightning.plots import plot_curves, plot_node_matrix, plot_partition
 from fl_lightning.protocol import Reply, Task
 from fl_lightning.report import RoundReporter
-from fl_lightning.resume import resolve_resume
+from fl_lightning.resume import check_clients_match, check_resume_config, resolve_resume
 from fl_lightning.run_dir import RunDirectory, json_safe
 from fl_lightning.runtime import POOLED, ClientRuntime
 from fl_lightning.selection import num_selected, random_cycle, select_clients
@@ -80,7 +80,7 @@ class Federation:
         self.config, self.module, self.data, self.trainer, self.seed = config, module, datamodule, trainer, seed
         self.config_text, self.config_dict = config_text, config_dict
         self.tracker = RoundTracker(trainer.loggers)
-        self.reporter = reporter or RoundReporter(enabled=config.progress)
+        self.reporter = reporter or RoundReporter.from_config(config)
         self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
         self._check_mode()
         self._check_callbacks()
@@ -194,6 +194,7 @@ class Federation:
         self.transport.start(self.run_dir.path)
         for cb in self.callbacks:
             cb.on_federation_start(self)
+        collapse.warn_clients_without_test(self.data)
         self.reporter.start(cfg.rounds, str(self.run_dir.path), first_round=self.round)
         status = "failed"
         try:
@@ -208,6 +209,7 @@ class Federation:
             self.tracker.finish(status)
         summary = self.summary()
         self.run_dir.write_summary(summary)
+        collapse.warn_collapse(summary)
         if cfg.plots:
             plot_curves(self.run_dir.client_rows, self.run_dir.path / "curves.png", self.module.primary_metric)
             if "node_matrix" in summary:
@@ -215,15 +217,19 @@ class Federation:
                     summary["node_matrix"], self.run_dir.path / "node_matrix.png", self.module.primary_metric
                 )
         self.reporter.finish(summary, str(self.run_dir.path), self.module.primary_metric)
+        self.run_dir.close()
         return summary
 
     def _open_run_dir(self) -> str | None:
         """Create the run directory, or reopen the resumed one; returns the logger run id to continue."""
         cfg = self.config
         if cfg.resume:
-            path, ckpt_path, state = resolve_resume(cfg.resume, cfg.output_dir, cfg.run_name)
+            path, ckpt_path, state = resolve_resume(cfg.resume, cfg.output_dir, cfg.run_name, self.config_dict)
+            check_clients_match(state, self.data.client_ids)
+            changes = check_resume_config(path, self.config_dict)  # the allow-listed changes, to record
             self.load_state_dict(state)
             self.run_dir = RunDirectory.reopen(path, state["rows"]["clients"], state["rows"]["rounds"])
+            self.run_dir.record_resume(ckpt_path, self.round, changes)
             self.reporter.note(f"resuming from {ckpt_path} after round {self.round}")
             return state.get("logger_run_id")
         self.run_dir = RunDirectory(cfg.output_dir, cfg.run_name, suffix=cfg.mode)
@@ -583,7 +589,16 @@ class Federation:
         pooled = sum(test_samples.values()) if "pooled" in evaluation else None
         if "node_matrix" in evaluation:
             meta["node_matrix"] = evaluation["node_matrix"]
-        return json_safe(records.summary_table(evaluation, test_samples, pooled, meta))
+        return json_safe(
+            records.summary_table(
+                evaluation,
+                test_samples,
+                pooled,
+                meta,
+                self.run_dir.client_rows,
+                num_classes=getattr(self.data, "num_classes", None),  # a ClientDirectory does not say
+            )
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

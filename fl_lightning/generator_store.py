@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from fl_lightning.checkpoint import load_state_file, save_checkpoint
+from datamodules.generated import FORMAT_VERSION, GENERATORS_DIR, data_digest, generator_path, load_node_gan
+from fl_lightning.checkpoint import save_checkpoint
 
-GENERATORS_DIR = "generators"
-FORMAT_VERSION = 1
-
-
-def generator_path(directory: Path, node: str) -> Path:
-    """The file of ``node``'s generator and buffer inside a generators directory."""
-    return Path(directory) / f"{node}.pt"
-
-
-def data_digest(images: Tensor, labels: Tensor) -> str:
-    """A short digest of a node's training data, so a generator is never reused for other data."""
-    h = hashlib.sha1()
-    for t in (images, labels):
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+__all__ = ["GENERATORS_DIR", "data_digest", "fingerprint_mismatch", "generator_path", "load_node_gan", "save_node_gan"]
 
 
 def save_node_gan(
@@ -45,20 +31,6 @@ def save_node_gan(
         "fingerprint": fingerprint,
     }
     save_checkpoint(Path(path), state)
-
-
-def load_node_gan(path: Path) -> dict[str, Any]:
-    """Read what :func:`save_node_gan` wrote (``weights_only=True``).
-
-    Raises:
-        FileNotFoundError: If the file is missing.
-        RuntimeError: If it is unreadable or not a generator file, naming it.
-
-    """
-    state = load_state_file(path, "generator file")
-    if state.get("version") != FORMAT_VERSION:
-        raise RuntimeError(f"{path} is not a FedER generator file (version {FORMAT_VERSION})")
-    return state
 
 
 def fingerprint_mismatch(stored: dict[str, Any], expected: dict[str, Any], keys: list[str] | None = None) -> list[str]:

@@ -54,7 +54,7 @@ def build_federation(
     data = data or tiny_data()
     model = model or tiny_model(data, **(model_kwargs or {}))
     trainer_args = {**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False, "callbacks": list(callbacks)}
-    cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "progress": False, "plots": False, **config})
+    cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "quiet": True, "plots": False, **config})
     return Federation(cfg, model, data, L.Trainer(**trainer_args), seed=0)
 
 

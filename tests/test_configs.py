@@ -1,4 +1,4 @@
-"""Every shipped config runs through train.py's main() for one round on tiny data and writes its run directory."""
+"""Every shipped config runs through train.py's main() for two rounds on tiny data, on both transports."""
 
 import csv
 import json
@@ -9,11 +9,12 @@ import pytest
 import yaml
 
 from fl_lightning.cli import main
+from tests.anchors.runs import describe
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
 TINY = [
     "--trainer.logger=false",
-    "--federation.rounds=1",
+    "--federation.rounds=2",
     "--federation.progress=false",
     "--data.max_samples_per_client=30",
     "--data.image_size=8",
@@ -36,20 +37,38 @@ def fake_medmnist(path: Path) -> Path:
     return path
 
 
+def metrics_without_timings(path: Path) -> list[dict[str, str]]:
+    return [
+        {k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))}
+        for row in csv.DictReader(path.open())
+    ]
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_config_runs_one_round(config, tmp_path):
+def test_config_runs_and_both_transports_agree(config, tmp_path):
+    """Two rounds through train.py's main, in process and serialized: bit-identical states, same metrics and summary."""
     extra = []
     if "MedMNIST" in config.read_text():
         extra = [f"--data.path={fake_medmnist(tmp_path / 'fake.npz')}", "--data.image_size=8"]
-    summary = main(
-        ["--config", str(config), *TINY, *extra, f"--federation.output_dir={tmp_path}", "--federation.run_name=r"]
-    )
-    run = tmp_path / "r"
+    summaries = {}
+    for transport in ("inprocess", "serialized"):
+        args = ["--config", str(config), *TINY, *extra, f"--federation.output_dir={tmp_path}",
+                f"--federation.run_name={transport}",
+                f"--federation.transport={transport}"]  # fmt: skip
+        summaries[transport] = main(args)
+    run = tmp_path / "inprocess"
+    summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
     resolved = yaml.safe_load((run / "config.yaml").read_text())
-    assert resolved["federation"]["rounds"] == 1 and resolved["data"]["init_args"]["image_size"] == 8
+    assert resolved["federation"]["rounds"] == 2 and resolved["data"]["init_args"]["image_size"] == 8
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     num_clients = resolved["data"]["init_args"]["num_clients"]
-    assert len(rows) == num_clients and {r["client"] for r in rows} == set(summary["clients"])
+    assert len(rows) == 2 * num_clients and {r["client"] for r in rows} == set(summary["clients"])
     stats = next(iter(summary["summary"].values()))["acc"]
     assert 0.0 <= stats["worst"] <= stats["mean"] <= 1.0 and stats["std"] >= 0
+    # the serialized transport: only messages crossed, and nothing changed
+    other = tmp_path / "serialized"
+    assert describe(other)["sha256"] == describe(run)["sha256"]
+    assert metrics_without_timings(other / "metrics.csv") == metrics_without_timings(run / "metrics.csv")
+    strip = lambda s: {k: v for k, v in s.items() if k != "run_dir"}  # noqa: E731
+    assert strip(summaries["serialized"]) == strip(summary)

@@ -34,7 +34,7 @@ def client_linear_update(
 def server_h_update(
     h: Mapping[str, Tensor], delta_sum: Mapping[str, Tensor], alpha: float, num_clients: int
 ) -> dict[str, Tensor]:
-    """h ← h − (α/m) Σ_{i∈P_t}(θ_i^t − θ^{t−1})."""
+    """H ← h − (α/m) Σ_{i∈P_t}(θ_i^t − θ^{t−1})."""
     return {k: h[k] - alpha * delta_sum[k] / num_clients for k in h}
 
 

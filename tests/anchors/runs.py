@@ -30,8 +30,9 @@ SMALL = [
 ]
 
 # name -> (config files, overlay written next to the run, extra arguments)
+TWO_ROUNDS = ["--federation.rounds=2", "--data.max_samples_per_client=40"]
 RUNS: dict[str, tuple[list[str], dict[str, Any] | None, list[str]]] = {
-    "fedavg_digits": (["configs/fedavg_digits.yaml"], None, ["--federation.rounds=2", "--data.max_samples_per_client=40"]),
+    "fedavg_digits": (["configs/fedavg_digits.yaml"], None, TWO_ROUNDS),
     "fedbn_fedprox_digits": (
         ["configs/fedavg_digits.yaml"],
         {"trainer": {"callbacks": [
@@ -43,7 +44,7 @@ RUNS: dict[str, tuple[list[str], dict[str, Any] | None, list[str]]] = {
     "scaffold_digits_dirichlet": (
         ["configs/scaffold_digits_dirichlet.yaml"], None, ["--federation.rounds=2", "--data.max_samples_per_client=40"]
     ),
-    "harmofl_digits": (["configs/harmofl_digits.yaml"], None, ["--federation.rounds=2", "--data.max_samples_per_client=40"]),
+    "harmofl_digits": (["configs/harmofl_digits.yaml"], None, TWO_ROUNDS),
     "fedshift_digits_dirichlet": (
         ["configs/fedshift_digits_dirichlet.yaml"], None, ["--federation.rounds=2", "--data.max_samples_per_client=40"]
     ),
@@ -124,9 +125,7 @@ def describe(run_dir: Path) -> dict[str, Any]:
         digest.update(k.encode())
         digest.update(states[k].detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return {
-        "states": {
-            k: [float(v.double().sum()), float(v.double().norm())] for k, v in sorted(states.items())
-        },
+        "states": {k: [float(v.double().sum()), float(v.double().norm())] for k, v in sorted(states.items())},
         "summary": summary,
         "sha256": digest.hexdigest(),
     }

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from callbacks import DomainIsolation, FederatedCallback
+from callbacks.cluster_selector import predict_clusters
 from datamodules import DigitsSegFederated
 from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.clients.segmentation import SegmentationClient
-from callbacks.cluster_selector import predict_clusters
 from fl_lightning.segmentation_metrics import pixel_confusion, segmentation_metrics
 from tests.conftest import build_federation
 

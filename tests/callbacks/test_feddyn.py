@@ -82,7 +82,9 @@ def test_feddyn_sends_what_fedavg_sends(tmp_path):
     for callbacks in ([], [FedDyn(alpha=ALPHA)]):
         fed = build_federation(tmp_path / str(len(callbacks)), callbacks, rounds=1)
         fed.run()
-        counts.append({k: v for k, v in fed.run_dir.round_rows[-1].items() if k in ("comm/bytes_down", "comm/bytes_up")})
+        counts.append(
+            {k: v for k, v in fed.run_dir.round_rows[-1].items() if k in ("comm/bytes_down", "comm/bytes_up")}
+        )
     # equal up to the JSON header's float digits (the training loss, one number per reply)
     assert counts[0]["comm/bytes_down"] == counts[1]["comm/bytes_down"]
     assert abs(counts[0]["comm/bytes_up"] - counts[1]["comm/bytes_up"]) <= 8 * 3 and counts[0]["comm/bytes_up"] > 0

@@ -106,7 +106,9 @@ def test_fednova_with_unequal_steps_matches_hand_computation(tmp_path):
 def test_fedopt_first_server_step_by_hand(tmp_path, kind, initial):
     """v₋₁ = τ² (Reddi et al. 2021, Alg. 2; the default) or 0 (``initial_accumulator=0``)."""
     plain = run(tmp_path, "a", rounds=1)
-    opt = run(tmp_path, "b", [FedOpt(kind, lr=0.01, betas=(0.9, 0.99), eps=1e-3, initial_accumulator=initial)], rounds=1)
+    opt = run(
+        tmp_path, "b", [FedOpt(kind, lr=0.01, betas=(0.9, 0.99), eps=1e-3, initial_accumulator=initial)], rounds=1
+    )
     w0 = tiny_model(tiny_data()).state_dict()
     v0 = 1e-6 if initial is None else 0.0
     for k, _ in opt.module.named_parameters():
@@ -269,3 +271,12 @@ def _flatten(value, prefix=""):
             out.update(_flatten(v, f"{prefix}/{k}"))
         return out
     return {}
+
+
+def test_fednova_refuses_a_kept_momentum_buffer(tmp_path):
+    """a_i assumes the momentum buffer starts at zero in each fit; a kept optimiser state breaks that."""
+    kept = build_federation(tmp_path / "k", [FedNova()], keep_optimizer_state=True, model_kwargs={"momentum": 0.9})
+    with pytest.raises(PreconditionError, match="keep_optimizer_state"):
+        kept.run()
+    build_federation(tmp_path / "plain", [FedNova()], keep_optimizer_state=True).run()  # no momentum: nothing kept
+    build_federation(tmp_path / "fresh", [FedNova()], model_kwargs={"momentum": 0.9}).run()

@@ -91,7 +91,7 @@ def test_long_round_lines_are_not_wrapped_in_a_log_file():
 
 
 def test_progress_false_run_prints_run_directory_round_lines_and_table(tmp_path):
-    fed = build_federation(tmp_path, rounds=2, progress=False)
+    fed = build_federation(tmp_path, rounds=2, progress=False, quiet=False)
     console, out = log_file_console()
     fed.reporter = RoundReporter.from_config(fed.config, console=console)
     fed.run()

@@ -90,8 +90,13 @@ def assert_same_final_state(a: Path, b: Path) -> None:
             "--trainer.callbacks+=callbacks.FedProx", "--trainer.callbacks.mu=0.1",
             "--federation.keep_optimizer_state=true",
         ],
+        [  # the same over the serialized transport: the client runtime's state crosses as messages
+            "--config", str(REPO / "configs/fedbn_digits.yaml"),
+            "--trainer.callbacks+=callbacks.FedProx", "--trainer.callbacks.mu=0.1",
+            "--federation.keep_optimizer_state=true", "--federation.transport=serialized",
+        ],
     ],
-    ids=["fedavg", "fedbn+fedprox"],
+    ids=["fedavg", "fedbn+fedprox", "fedbn+fedprox-serialized"],
 )  # fmt: skip
 def test_resume_after_a_kill_is_exact(tmp_path, extra):
     full = main(run_args(tmp_path, "full", extra))
