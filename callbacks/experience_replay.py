@@ -141,7 +141,9 @@ class ExperienceReplay(FederatedCallback):
                 f"got {type(runtime.module).__name__}"
             )
         directory = runtime.workdir / GENERATORS_DIR
-        for node in runtime.data.client_ids:
+        for node in runtime.client_ids:
+            if node not in runtime.data.client_ids:
+                continue  # the pooled pseudo-client of centralised runs
             self.buffers[node] = self._node_buffer(runtime, node, generator_path(directory, node))
 
     def _node_buffer(self, runtime: ClientRuntime, node: str, path: Path) -> ReplayBuffer:

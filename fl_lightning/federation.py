@@ -272,10 +272,10 @@ class Federation:
             # n_{i,m}: the client's samples in this group (all its samples unless the group holds subsets)
             weights = aggregation_weights([self.num_samples(c, group) for c in members], cfg.aggregation)
             mean = RunningWeightedMean()
-            for cid, weight in zip(members, weights):
-                t0 = time.perf_counter()
-                task = self.fit_task(r, group, cid)
-                reply = self.transport.request(task)
+            tasks = [self.fit_task(r, group, cid) for cid in members]
+            # Replies come back in the order of the tasks (a transport that runs them in parallel reorders them).
+            t0 = time.perf_counter()
+            for cid, weight, task, reply in zip(members, weights, tasks, self.transport.stream(tasks)):
                 t_train += time.perf_counter() - t0
                 self.reporter.client_done()
                 if reply.error is not None:
@@ -289,6 +289,7 @@ class Federation:
                     cb.on_reply(self, task, reply, weight)
                 mean.add(reply.state, weight)
                 t_agg += time.perf_counter() - t0
+                t0 = time.perf_counter()
             if not mean.count:
                 raise RuntimeError(f"round {r}: every selected client of group {group.name!r} failed: {members}")
             t0 = time.perf_counter()
@@ -318,6 +319,7 @@ class Federation:
             "comm/bytes_up": bytes_up,
             "comm/eval_bytes_down": eval_down,
             "comm/eval_bytes_up": eval_up,
+            **self.transport.take_round_metrics(),  # e.g. per-rank throughput of a distributed transport
         }
         for model, stats in evaluation.get("summary", {}).items():
             round_row.update({f"eval/{model}/{m}": s["mean"] for m, s in stats.items()})
@@ -384,15 +386,14 @@ class Federation:
             state: A model state to send along (e.g. a group's global state).
             per_client: ``payloads`` is keyed by client id.
         """  # fmt: skip
-        answers = {}
-        for cid in client_ids:
-            payload = payloads.get(cid) if per_client else payloads
-            task = Task(
+        tasks = [
+            Task(
                 protocol.QUERY, self.round, cid, group, state=state, query=f"{callback.state_key}/{name}",
-                payloads={callback.state_key: payload},
-            )  # fmt: skip
-            answers[cid] = callback.get_payload(self.transport.request(task))
-        return answers
+                payloads={callback.state_key: payloads.get(cid) if per_client else payloads},
+            )
+            for cid in client_ids
+        ]  # fmt: skip
+        return {t.client_id: callback.get_payload(reply) for t, reply in zip(tasks, self.transport.stream(tasks))}
 
     def _runtime_op(
         self, kind: str, client_id: str, group: str, state: StateDict | None = None, **options: Any
@@ -442,10 +443,14 @@ class Federation:
             for cb in self.callbacks:
                 cb.on_pass_on(self, r, successor)
             if move:
-                held = {c: self._runtime_op(protocol.TAKE_PRIVATE, c, group.name).state for c in group.members}
-                for c, state in held.items():
-                    if state is not None:
-                        self._runtime_op(protocol.PUT_PRIVATE, successor[c], group.name, state=state)
+                take = [Task(protocol.TAKE_PRIVATE, r, c, group.name) for c in group.members]
+                held = {t.client_id: reply.state for t, reply in zip(take, self.transport.stream(take))}
+                put = [
+                    Task(protocol.PUT_PRIVATE, r, successor[c], group.name, state=state)
+                    for c, state in held.items()
+                    if state is not None
+                ]
+                list(self.transport.stream(put))
 
     def _regroup(self, parent: str, children: list[ModelGroup]) -> None:
         """Tell each member's runtime that its private and optimiser states of ``parent`` go to its new group(s)."""
@@ -533,10 +538,19 @@ class Federation:
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
         pooled = self.has_global_model and len(self.groups) == 1 and hasattr(self.module, "evaluation_parts")
         parts = []
-        for cid in self.data.client_ids:
-            group = self.group_of(cid)
-            options = {"global": self.has_global_model, "outputs": pooled}
-            reply = self._runtime_op(protocol.EVALUATE, cid, group.name, state=group.state, **options)
+        options = {"global": self.has_global_model, "outputs": pooled}
+        tasks = [
+            Task(
+                protocol.EVALUATE,
+                self.round,
+                cid,
+                self.group_of(cid).name,
+                state=self.group_of(cid).state,
+                options=options,
+            )
+            for cid in self.data.client_ids
+        ]
+        for cid, reply in zip(self.data.client_ids, self.transport.stream(tasks)):
             for model in ("global", "personal"):
                 if model in reply.metrics:
                     per_model[model][cid] = reply.metrics[model]
@@ -558,12 +572,14 @@ class Federation:
         group = self.groups[0]
         ids = list(self.data.client_ids)
         matrix: dict[str, dict[str, dict[str, float]]] = {}
+        take = [Task(protocol.TAKE_PRIVATE, self.round, c, group.name) for c in ids]
+        held = {t.client_id: reply.state or {} for t, reply in zip(take, self.transport.stream(take))}
         for holder in ids:
-            held = self._runtime_op(protocol.TAKE_PRIVATE, holder, group.name).state or {}
-            state = {**group.state, **held}
+            state = {**group.state, **held[holder]}
+            options = {"global": True, "personal": False}
+            tasks = [Task(protocol.EVALUATE, self.round, t, group.name, state=state, options=options) for t in ids]
             matrix[holder] = {
-                t: self._runtime_op(protocol.EVALUATE, t, group.name, state=state, personal=False).metrics["global"]
-                for t in ids
+                t.client_id: reply.metrics["global"] for t, reply in zip(tasks, self.transport.stream(tasks))
             }
         personal = {c: matrix[c][c] for c in ids}
         pairs = {f"{h}->{t}": m for h, row in matrix.items() for t, m in row.items()}

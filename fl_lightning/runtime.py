@@ -87,6 +87,8 @@ class ClientRuntime:
         seed: The run's seed.
         prepared: ``module`` already carries the callbacks' layers (it is shared with an in-process server).
         note: Where to print progress notes (e.g. a GAN phase starting).
+        client_ids: The clients this runtime hosts (default: every client of ``data``, and the pooled
+            pseudo-client); a shard of them when the clients are spread over processes.
 
     """
 
@@ -99,8 +101,10 @@ class ClientRuntime:
         seed: int = 0,
         prepared: bool = False,
         note: Callable[[str], None] | None = None,
+        client_ids: list[str] | None = None,
     ) -> None:
         self.module, self.data, self.trainer, self.config, self.seed = module, data, trainer, config, seed
+        self.client_ids = list(data.client_ids) + [POOLED] if client_ids is None else list(client_ids)
         self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
         self.fitter = LocalFitter(trainer)
         self.note = note or (lambda message: None)
@@ -322,7 +326,7 @@ class ClientRuntime:
             "callback_states": self.callback_states,
             "subset_samplers": samplers,
             "callbacks": {cb.state_key: cb.client_state_dict() for cb in self.callbacks},
-            "data": self.data.sampler_state(),
+            "data": {c: epoch for c, epoch in self.data.sampler_state().items() if c in self.client_ids},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ across the boundary but messages.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from fl_lightning import protocol
@@ -43,9 +44,18 @@ class Transport:
         """Start the runtime (its callbacks' ``on_runtime_start``) with its directory for large files."""
         self.runtime.start(workdir)
 
-    def request_all(self, tasks: list[Task]) -> list[Reply]:
-        """Send tasks (to different clients) and return their replies in the same order."""
-        return [self.request(t) for t in tasks]
+    def stream(self, tasks: list[Task]) -> Iterator[Reply]:
+        """Send tasks and yield their replies in the order of ``tasks``.
+
+        Here one at a time (each task is sent when the previous reply has been taken, so a caller that
+        aggregates as it goes holds one reply at a time); a parallel transport sends them all first.
+        """
+        for task in tasks:
+            yield self.request(task)
+
+    def take_round_metrics(self) -> dict[str, float]:
+        """Transport-specific metrics of the round (e.g. per-rank throughput), reset on reading."""
+        return {}
 
     def runtime_state(self) -> dict[str, Any]:
         """The runtime's checkpoint state (every hosted client's)."""
