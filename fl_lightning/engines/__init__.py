@@ -1,0 +1,1 @@
+"""Engines that run the same Federation and client runtime elsewhere: other processes, other machines."""

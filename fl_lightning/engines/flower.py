@@ -1,0 +1,359 @@
+"""Flower engine: our Federation as a Flower ServerApp, our client runtime as a Flower ClientApp.
+
+``[tool.flwr.app.components]`` in ``pyproject.toml`` names :data:`server_app` and :data:`client_app`, so
+``flwr run .`` runs the project against a SuperLink (a real deployment, one SuperNode per site) or the
+Simulation Engine. The run config names the YAML (``config``) and extra arguments (``overrides``); every
+site's node config says which client(s) it hosts and where its data are (``fl-clients``, ``fl-args``, see
+:mod:`fl_lightning.engines.flower_site`).
+
+**Wire format.** Every task and reply is our protocol's encoding (a JSON header plus raw tensor bytes,
+:mod:`fl_lightning.protocol`) carried whole as one ``uint8`` :class:`flwr.app.Array` (``stype`` =
+``fl_lightning.message``) in the ``ArrayRecord`` ``"fl.msg"``; a ``ConfigRecord`` ``"fl.meta"`` carries the
+routing facts (the server's run name, the round, the oldest round a resume may need). One blob rather than
+one ``Array`` per tensor: the protocol's decoder stays the only parser of what arrives (it never unpickles,
+and we never call ``Array.numpy()``), nested payloads (tuples, maps, relayed tasks) need no second encoding,
+and the bytes counted in ``rounds.csv`` are exactly what travels inside Flower's records.
+
+**Server.** :func:`run_server` asks every connected node to describe itself (client ids and sample counts,
+the images' shape: no sample, no label), builds the model, Trainer and callbacks from the same YAML with
+:class:`~fl_lightning.engines.flower_data.DescribedClients` in place of the data, and runs the unchanged
+:class:`~fl_lightning.federation.Federation` over a :class:`FlowerTransport`. The run directory is the
+simulation's (config, metrics, rounds, summary, curves, W&B offline run, server checkpoints) except
+``partition.png``: the server does not know the sites' label distributions.
+
+**Sites.** Each site keeps its runtime and writes its state to its own disk after every message (Flower
+1.42 runs a fresh ``flwr-clientapp`` process per message in a deployment); a server checkpoint records only
+the round, and resuming it makes each site load its own state of that round. Private state never leaves a site.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fl_lightning import protocol
+from fl_lightning.engines.flower_site import SiteSettings, site_for
+from fl_lightning.protocol import Reply, Task
+from fl_lightning.transport import Transport
+
+APP_DIR = Path(__file__).resolve().parents[2]  # the project (or the installed FAB) holding configs/
+MSG, META, STYPE = "fl.msg", "fl.meta", "fl_lightning.message"
+DESCRIBE, RESTORE = "describe", "restore"
+# Run config keys ([tool.flwr.app.config] in pyproject.toml, or `flwr run . -c 'key=value'`).
+RUN_DEFAULTS: dict[str, Any] = {
+    "config": "configs/fedavg_digits.yaml",  # the run's YAML, relative to the app directory
+    "overrides": "",  # extra command-line arguments after it (e.g. "--federation.rounds=5")
+    "min-nodes": 1,  # wait for this many SuperNodes before the first message
+    "node-wait": 300.0,  # seconds to wait for them
+    "timeout": 3600.0,  # seconds one message may take before its client counts as failed
+    "poll": 0.05,  # seconds between two looks for a reply
+}
+_Answer = tuple[bytes, dict[str, Any], "str | None"]  # a node's reply bytes, its routing facts, or its error
+_TYPES = {protocol.FIT: "train", protocol.EVALUATE: "evaluate"}  # every other kind is a "query"
+
+
+def run_args(run_config: dict[str, Any]) -> list[str]:
+    """The run's command-line arguments from its Flower run config (the same on the server and every site)."""
+    cfg = {**RUN_DEFAULTS, **run_config}
+    path = Path(str(cfg["config"]))
+    return ["--config", str(path if path.is_absolute() else APP_DIR / path), *shlex.split(str(cfg["overrides"]))]
+
+
+# ---------------------------------------------------------------------------------------------------- wire
+def pack(data: bytes, **meta: Any) -> RecordDict:
+    """Encoded message bytes (and routing facts) → a Flower ``RecordDict``."""
+    array = Array(dtype="uint8", shape=(len(data),), stype=STYPE, data=data)
+    meta = {k: v for k, v in meta.items() if v is not None}
+    return RecordDict({MSG: ArrayRecord({"message": array}), META: ConfigRecord(meta)})
+
+
+def unpack(content: RecordDict) -> tuple[bytes, dict[str, Any]]:
+    """A ``RecordDict`` from :func:`pack` → the encoded bytes and the routing facts (nothing decoded yet)."""
+    try:
+        array = content.array_records[MSG]["message"]
+        meta = dict(content.config_records.get(META, ConfigRecord()))
+    except KeyError as err:
+        raise protocol.MessageError(f"not an fl_lightning Flower message (missing {err})") from None
+    if array.stype != STYPE or array.dtype != "uint8":
+        raise protocol.MessageError(f"unexpected array {array.dtype}/{array.stype} in an fl_lightning message")
+    return bytes(array.data), meta
+
+
+# ---------------------------------------------------------------------------------------------------- server
+class FlowerTransport(Transport):
+    """Tasks as Flower messages to the SuperNode hosting each client; replies come back the same way.
+
+    Args:
+        grid: The ServerApp's grid.
+        timeout: Seconds a message may take; after it (or when the node reports an error) the client's fit
+            or evaluation counts as failed, any other task stops the run.
+        keep_checkpoints: The Federation's ``keep_checkpoints`` (which site states a resume may still need).
+        poll: Seconds between two looks for a reply.
+
+    """
+
+    name = "flower"
+
+    def __init__(self, grid: Grid, timeout: float = 3600.0, keep_checkpoints: int = 2, poll: float = 0.05) -> None:
+        super().__init__(runtime=None)  # type: ignore[arg-type]  # the runtimes live on the sites
+        self.grid, self.timeout, self.keep, self.poll = grid, timeout, keep_checkpoints, poll
+        self.routes: dict[str, int] = {}  # client id -> node id
+        self.descriptions: dict[int, dict[str, Any]] = {}  # node id -> its description
+        self.run_key: str | None = None
+        self.last_round = -1
+        self.checkpoint_rounds: list[int] = []
+        # Classification's pooled metrics need every test prediction and label on the server: not from real sites.
+        self.pooled_outputs = False
+
+    # ------------------------------------------------------------------ nodes
+    def node_ids(self) -> list[int]:
+        """The SuperNodes connected now."""
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def wait_for_nodes(self, minimum: int, wait: float) -> list[int]:
+        """Block until ``minimum`` nodes are connected (or raise after ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while len(nodes := self.node_ids()) < minimum:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(nodes)} of {minimum} SuperNodes connected after {wait:.0f} s")
+            time.sleep(0.5)
+        return nodes
+
+    def discover(self) -> dict[str, Any]:
+        """Ask every node not described yet what it hosts; route its clients to it. Returns the merged description.
+
+        A restarted SuperNode comes back under a new node id: its clients are routed to it from then on.
+        """
+        new = [n for n in self.node_ids() if n not in self.descriptions]
+        if new:
+            answers = self._exchange({n: pack(b"", op=DESCRIBE) for n in new}, f"query.{DESCRIBE}")
+            for node, (data, _meta, error) in answers.items():
+                if error is not None:
+                    warnings.warn(f"SuperNode {node} could not describe itself: {error}", stacklevel=2)
+                    continue
+                self.descriptions[node] = json.loads(data.decode())
+                for cid in self.descriptions[node]["clients"]:
+                    self.routes[cid] = node
+        return self.description()
+
+    def description(self) -> dict[str, Any]:
+        """Every described client (in client-id order of the nodes' answers) and the data's shape."""
+        if not self.descriptions:
+            raise RuntimeError("no SuperNode described any client")
+        first = next(iter(self.descriptions.values()))
+        clients: dict[str, list[int]] = {}
+        for desc in self.descriptions.values():
+            for key in ("num_classes", "in_channels", "image_size", "batch_size", "seed"):
+                if desc[key] != first[key]:
+                    raise ValueError(f"the sites disagree on {key}: {desc[key]} vs {first[key]}")
+            clients.update(desc["clients"])
+        ordered = dict(sorted(clients.items(), key=lambda kv: _client_order(kv[0])))
+        return {**{k: first[k] for k in ("num_classes", "in_channels", "image_size", "batch_size", "seed")},
+                "clients": ordered}  # fmt: skip
+
+    # ------------------------------------------------------------------ messages
+    def _exchange(self, contents: dict[int, RecordDict], message_type: str) -> dict[int, _Answer]:
+        """Send one message per node and wait for every reply: ``{node: (bytes, meta, error or None)}``."""
+        messages = {
+            n: Message(content=c, dst_node_id=n, message_type=message_type, ttl=self.timeout)
+            for n, c in contents.items()
+        }
+        ids = dict(zip(self.grid.push_messages(list(messages.values())), messages))
+        out: dict[int, _Answer] = {}
+        deadline = time.monotonic() + self.timeout
+        while len(out) < len(ids):
+            pending = [i for i, n in ids.items() if n not in out]
+            for reply in self.grid.pull_messages(pending):
+                node = ids.get(reply.metadata.reply_to_message_id)
+                if node is None:
+                    continue
+                if reply.has_error():
+                    out[node] = (b"", {}, f"{reply.error.reason} (code {reply.error.code})")
+                else:
+                    data, meta = unpack(reply.content)
+                    out[node] = (data, meta, None)
+            if len(out) < len(ids):
+                if time.monotonic() > deadline:
+                    for n in ids.values():
+                        out.setdefault(n, (b"", {}, f"no reply within {self.timeout:.0f} s"))
+                    break
+                time.sleep(self.poll)
+        return out
+
+    def request(self, task: Task) -> Reply:  # noqa: D102
+        node = self._route(task.client_id)
+        if task.kind == protocol.EVALUATE and task.options.get("outputs") and not self.pooled_outputs:
+            task = dataclasses.replace(task, options={**task.options, "outputs": False})
+        self.last_round = max(self.last_round, task.round)
+        data = protocol.encode(task)
+        self.bytes_down += len(data)
+        keep_from = self._keep_from()
+        content = pack(data, op="task", run=self.run_key, round=task.round, keep_from=keep_from)
+        answer, _meta, error = self._exchange({node: content}, _TYPES.get(task.kind, "query"))[node]
+        if error is not None:
+            if task.kind in (protocol.FIT, protocol.EVALUATE):
+                self.descriptions.pop(node, None)  # ask it again (or its restarted successor) next time
+                return Reply(task.client_id, task.group, error=f"its SuperNode {node} failed: {error}")
+            raise RuntimeError(f"{task.kind} task {task.query or ''} for client {task.client_id!r}: {error}")
+        self.bytes_up += len(answer)
+        reply = protocol.decode(answer)
+        if not isinstance(reply, Reply):
+            raise protocol.MessageError(f"expected a reply, got {type(reply).__name__}")
+        return reply
+
+    def _route(self, client_id: str) -> int:
+        if client_id not in self.routes or self.routes[client_id] not in self.descriptions:
+            self.discover()
+        elif set(self.node_ids()) - set(self.descriptions):
+            self.discover()  # a new node (e.g. a restarted site) may host it now
+        if client_id not in self.routes:
+            raise KeyError(f"no SuperNode hosts client {client_id!r}")
+        return self.routes[client_id]
+
+    def _keep_from(self) -> int | None:
+        if not self.keep or len(self.checkpoint_rounds) < self.keep:
+            return None
+        return self.checkpoint_rounds[-self.keep]
+
+    # ------------------------------------------------------------------ life cycle and checkpoints
+    def prepare(self) -> None:
+        """Nothing to do here: each site prepares its own runtime when it is built."""
+
+    def start(self, workdir: Any) -> None:
+        """Name the run on the sites after the server's run directory (their state lives under that name)."""
+        self.run_key = Path(workdir).name
+
+    def runtime_state(self) -> dict[str, Any]:
+        """No site state: only the round whose site states the checkpoint stands for (each site keeps its own)."""
+        self.checkpoint_rounds.append(self.last_round)
+        return {"engine": self.name, "run": self.run_key, "round": self.last_round}
+
+    def load_runtime_state(self, state: dict[str, Any]) -> None:
+        """Make every site load its own state of the checkpoint's round (and drop newer ones)."""
+        if state.get("engine") != self.name:
+            raise ValueError("this checkpoint holds the client states of a simulation, not of a Flower deployment")
+        self.run_key, self.last_round = state["run"], int(state["round"])
+        self.checkpoint_rounds = [self.last_round]
+        self.discover()
+        contents = {n: pack(b"", op=RESTORE, run=self.run_key, round=self.last_round) for n in self.descriptions}
+        for node, (_data, _meta, error) in self._exchange(contents, f"query.{RESTORE}").items():
+            if error is not None:
+                raise RuntimeError(f"SuperNode {node} could not restore its state of round {self.last_round}: {error}")
+
+
+def _client_order(client_id: str) -> tuple[int, Any]:
+    return (0, int(client_id)) if client_id.isdigit() else (1, client_id)
+
+
+def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
+    """The ServerApp's work: describe the sites, build the server from the YAML, run the Federation over Flower.
+
+    Returns:
+        The run's summary (also in ``summary.json`` of its run directory).
+
+    """
+    import os
+
+    from fl_lightning.cli import build_cli
+    from fl_lightning.clients import ClassificationClient
+    from fl_lightning.federation import Federation
+    from fl_lightning.plots import plot_curves
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    cfg = {**RUN_DEFAULTS, **run_config}
+    args = run_args(cfg)
+    transport = FlowerTransport(grid, float(cfg["timeout"]), poll=float(cfg["poll"]))
+    transport.wait_for_nodes(int(cfg["min-nodes"]), float(cfg["node-wait"]))
+    desc = transport.discover()
+    data_args = [
+        "--data=fl_lightning.engines.flower_data.DescribedClients",
+        f"--data.description={json.dumps(desc)}",
+        f"--data.batch_size={desc['batch_size']}",
+        f"--data.seed={desc['seed']}",
+    ]
+    cli = build_cli([*args, *data_args])
+    # What the run directory records is the run's own config (its data section as the sites read it).
+    original = cli.parser.parse_args(args)
+    fed_cfg = cli.config_init["federation"]
+    transport.keep = fed_cfg.keep_checkpoints
+    # Additive counts (segmentation) may travel; classification's parts are the test predictions and labels.
+    transport.pooled_outputs = not isinstance(cli.model, ClassificationClient)
+    federation = Federation(
+        dataclasses.replace(fed_cfg, plots=False),  # partition.png needs the sites' labels: the server has none
+        module=cli.model,
+        datamodule=cli.datamodule,
+        trainer=cli.trainer,
+        seed=int(cli.config["seed_everything"]),
+        config_text=cli.parser.dump(original, skip_check=True),
+        config_dict=original.clone().as_dict(),
+        transport=transport,
+    )
+    summary = federation.run()
+    if fed_cfg.plots:
+        run_dir = federation.run_dir
+        plot_curves(run_dir.client_rows, run_dir.path / "curves.png", federation.module.primary_metric)
+    return summary
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def _server_main(grid: Grid, context: Context) -> None:
+    run_server(grid, dict(context.run_config))
+
+
+# ---------------------------------------------------------------------------------------------------- site
+client_app = ClientApp()
+
+
+def answer(message: Message, context: Context) -> Message:
+    """A site's answer to one message: describe, restore, or a task for its runtime."""
+    data, meta = unpack(message.content)
+    site = site_for(context.run_id, run_args(dict(context.run_config)), SiteSettings.from_node_config(
+        dict(context.node_config)))  # fmt: skip
+    op = meta.get("op", "task")
+    if op == DESCRIBE:
+        return Message(pack(json.dumps(site.describe()).encode()), reply_to=message)
+    round_index = int(meta["round"])
+    site.open_run(str(meta["run"]), round_index)
+    if op == RESTORE:
+        site.restore(round_index)
+        return Message(pack(b""), reply_to=message)
+    keep_from = meta.get("keep_from")
+    out = site.handle(data, None if keep_from is None else int(keep_from))
+    return Message(pack(out), reply_to=message)
+
+
+@client_app.train()
+def _train(message: Message, context: Context) -> Message:
+    return answer(message, context)
+
+
+@client_app.evaluate()
+def _evaluate(message: Message, context: Context) -> Message:
+    return answer(message, context)
+
+
+@client_app.query()
+def _query(message: Message, context: Context) -> Message:
+    return answer(message, context)
+
+
+@client_app.query(DESCRIBE)
+def _describe(message: Message, context: Context) -> Message:
+    return answer(message, context)
+
+
+@client_app.query(RESTORE)
+def _restore(message: Message, context: Context) -> Message:
+    return answer(message, context)

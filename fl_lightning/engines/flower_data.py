@@ -1,0 +1,72 @@
+"""The server's view of the clients in a Flower deployment: what the sites described, never their data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from datamodules.base import ClientSplit, FederatedDataModule
+
+
+class DescribedClients(FederatedDataModule):
+    """A datamodule made only of the sites' descriptions: client ids, sample counts and the images' shape.
+
+    The ServerApp instantiates it in place of the run's ``data:`` section, so the model gets its shape
+    (``num_classes``, ``in_channels``, ``image_size`` are linked into it) and the Federation its client ids and
+    aggregation weights without the server ever opening a site's data. Anything that needs samples (the
+    partition plot, a pooled loader) raises.
+
+    Args:
+        description: ``{"clients": {id: [train, test]}, "num_classes", "in_channels", "image_size"}``, merged
+            from every site's answer (see :meth:`fl_lightning.engines.flower_site.Site.describe`).
+        batch_size: The sites' training batch size.
+        seed: The data seed.
+
+    """
+
+    def __init__(self, description: dict[str, Any] | None = None, batch_size: int = 32, seed: int = 0) -> None:
+        super().__init__(batch_size=batch_size, seed=seed)
+        if not description or not description.get("clients"):
+            raise ValueError("DescribedClients needs the sites' description (no site described any client)")
+        self.description = description
+        self._sizes = {str(c): (int(n[0]), int(n[1])) for c, n in description["clients"].items()}
+        self._source = "the sites' descriptions"
+
+    def _load(self) -> list[ClientSplit]:
+        raise RuntimeError("the server of a Flower deployment holds no data; only the sites' descriptions")
+
+    @property
+    def client_ids(self) -> list[str]:  # noqa: D102
+        return list(self._sizes)
+
+    @property
+    def num_classes(self) -> int:  # noqa: D102
+        return int(self.description["num_classes"])
+
+    @property
+    def in_channels(self) -> int:  # noqa: D102
+        return int(self.description["in_channels"])
+
+    @property
+    def image_size(self) -> tuple[int, int]:  # noqa: D102
+        h, w = self.description["image_size"]
+        return int(h), int(w)
+
+    def num_train_samples(self, client_id: str) -> int:  # noqa: D102
+        return self._sizes[client_id][0]
+
+    def num_test_samples(self, client_id: str) -> int:  # noqa: D102
+        return self._sizes[client_id][1]
+
+    def client_data(self, client_id: str) -> ClientSplit:  # noqa: D102
+        raise RuntimeError(f"the server holds no data of client {client_id!r} (it lives on its site)")
+
+    def label_counts(self, client_id: str, split: str = "train") -> Tensor:  # noqa: D102
+        raise RuntimeError(f"the server does not know client {client_id!r}'s labels (they stay on its site)")
+
+    def sampler_state(self) -> dict[str, int]:  # noqa: D102
+        return {}
+
+    def load_sampler_state(self, state: dict[str, int]) -> None:  # noqa: D102
+        pass
