@@ -33,6 +33,7 @@ import json
 import shlex
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +136,8 @@ class FlowerTransport(Transport):
         """
         new = [n for n in self.node_ids() if n not in self.descriptions]
         if new:
-            answers = self._exchange({n: pack(b"", op=DESCRIBE) for n in new}, f"query.{DESCRIBE}")
-            for node, (data, _meta, error) in answers.items():
+            answers = self._exchange([(n, pack(b"", op=DESCRIBE), f"query.{DESCRIBE}") for n in new])
+            for node, (data, _meta, error) in zip(new, answers):
                 if error is not None:
                     warnings.warn(f"SuperNode {node} could not describe itself: {error}", stacklevel=2)
                     continue
@@ -161,54 +162,73 @@ class FlowerTransport(Transport):
                 "clients": ordered}  # fmt: skip
 
     # ------------------------------------------------------------------ messages
-    def _exchange(self, contents: dict[int, RecordDict], message_type: str) -> dict[int, _Answer]:
-        """Send one message per node and wait for every reply: ``{node: (bytes, meta, error or None)}``."""
-        messages = {
-            n: Message(content=c, dst_node_id=n, message_type=message_type, ttl=self.timeout)
-            for n, c in contents.items()
-        }
-        ids = dict(zip(self.grid.push_messages(list(messages.values())), messages))
+    def _exchange(self, items: list[tuple[int, RecordDict, str]]) -> list[_Answer]:
+        """Push one message per ``(node, content, message type)`` at once; wait for every reply, in that order."""
+        messages = [Message(content=c, dst_node_id=n, message_type=t, ttl=self.timeout) for n, c, t in items]
+        ids = list(self.grid.push_messages(messages))
+        at = {mid: i for i, mid in enumerate(ids)}
         out: dict[int, _Answer] = {}
         deadline = time.monotonic() + self.timeout
         while len(out) < len(ids):
-            pending = [i for i, n in ids.items() if n not in out]
-            for reply in self.grid.pull_messages(pending):
-                node = ids.get(reply.metadata.reply_to_message_id)
-                if node is None:
+            for reply in self.grid.pull_messages([m for m in ids if at[m] not in out]):
+                i = at.get(reply.metadata.reply_to_message_id)
+                if i is None:
                     continue
                 if reply.has_error():
-                    out[node] = (b"", {}, f"{reply.error.reason} (code {reply.error.code})")
+                    out[i] = (b"", {}, f"{reply.error.reason} (code {reply.error.code})")
                 else:
                     data, meta = unpack(reply.content)
-                    out[node] = (data, meta, None)
+                    out[i] = (data, meta, None)
             if len(out) < len(ids):
                 if time.monotonic() > deadline:
-                    for n in ids.values():
-                        out.setdefault(n, (b"", {}, f"no reply within {self.timeout:.0f} s"))
+                    for i in range(len(ids)):
+                        out.setdefault(i, (b"", {}, f"no reply within {self.timeout:.0f} s"))
                     break
                 time.sleep(self.poll)
-        return out
+        return [out[i] for i in range(len(ids))]
 
     def request(self, task: Task) -> Reply:  # noqa: D102
-        node = self._route(task.client_id)
-        if task.kind == protocol.EVALUATE and task.options.get("outputs") and not self.pooled_outputs:
-            task = dataclasses.replace(task, options={**task.options, "outputs": False})
-        self.last_round = max(self.last_round, task.round)
-        data = protocol.encode(task)
-        self.bytes_down += len(data)
-        keep_from = self._keep_from()
-        content = pack(data, op="task", run=self.run_key, round=task.round, keep_from=keep_from)
-        answer, _meta, error = self._exchange({node: content}, _TYPES.get(task.kind, "query"))[node]
-        if error is not None:
-            if task.kind in (protocol.FIT, protocol.EVALUATE):
-                self.descriptions.pop(node, None)  # ask it again (or its restarted successor) next time
-                return Reply(task.client_id, task.group, error=f"its SuperNode {node} failed: {error}")
-            raise RuntimeError(f"{task.kind} task {task.query or ''} for client {task.client_id!r}: {error}")
-        self.bytes_up += len(answer)
-        reply = protocol.decode(answer)
-        if not isinstance(reply, Reply):
-            raise protocol.MessageError(f"expected a reply, got {type(reply).__name__}")
-        return reply
+        return next(iter(self.stream([task])))
+
+    def stream(self, tasks: list[Task]) -> Iterator[Reply]:
+        """Send the tasks of different clients at once (their sites work in parallel); replies in task order.
+
+        Tasks for a client already in the batch wait for the next wave, so one client's tasks keep their order.
+        """
+        i = 0
+        while i < len(tasks):
+            wave: list[Task] = []
+            while i < len(tasks) and all(t.client_id != tasks[i].client_id for t in wave):
+                wave.append(tasks[i])
+                i += 1
+            yield from self._wave(wave)
+
+    def _wave(self, tasks: list[Task]) -> list[Reply]:
+        items, nodes = [], []
+        for task in tasks:
+            node = self._route(task.client_id)
+            if task.kind == protocol.EVALUATE and task.options.get("outputs") and not self.pooled_outputs:
+                task = dataclasses.replace(task, options={**task.options, "outputs": False})
+            self.last_round = max(self.last_round, task.round)
+            data = protocol.encode(task)
+            self.bytes_down += len(data)
+            content = pack(data, op="task", run=self.run_key, round=task.round, keep_from=self._keep_from())
+            items.append((node, content, _TYPES.get(task.kind, "query")))
+            nodes.append(node)
+        replies = []
+        for task, node, (answer, _meta, error) in zip(tasks, nodes, self._exchange(items)):
+            if error is not None:
+                if task.kind in (protocol.FIT, protocol.EVALUATE):
+                    self.descriptions.pop(node, None)  # ask it again (or its restarted successor) next time
+                    replies.append(Reply(task.client_id, task.group, error=f"its SuperNode {node} failed: {error}"))
+                    continue
+                raise RuntimeError(f"{task.kind} task {task.query or ''} for client {task.client_id!r}: {error}")
+            self.bytes_up += len(answer)
+            reply = protocol.decode(answer)
+            if not isinstance(reply, Reply):
+                raise protocol.MessageError(f"expected a reply, got {type(reply).__name__}")
+            replies.append(reply)
+        return replies
 
     def _route(self, client_id: str) -> int:
         if client_id not in self.routes or self.routes[client_id] not in self.descriptions:
@@ -244,8 +264,10 @@ class FlowerTransport(Transport):
         self.run_key, self.last_round = state["run"], int(state["round"])
         self.checkpoint_rounds = [self.last_round]
         self.discover()
-        contents = {n: pack(b"", op=RESTORE, run=self.run_key, round=self.last_round) for n in self.descriptions}
-        for node, (_data, _meta, error) in self._exchange(contents, f"query.{RESTORE}").items():
+        nodes = list(self.descriptions)
+        content = {"op": RESTORE, "run": self.run_key, "round": self.last_round}
+        answers = self._exchange([(n, pack(b"", **content), f"query.{RESTORE}") for n in nodes])
+        for node, (_data, _meta, error) in zip(nodes, answers):
             if error is not None:
                 raise RuntimeError(f"SuperNode {node} could not restore its state of round {self.last_round}: {error}")
 

@@ -76,14 +76,15 @@ class Site:
         # A site logs nothing itself (the server's run directory holds the run's records).
         cli = build_cli([*run_args, *settings.args, "--trainer.logger=false"])
         cfg = cli.config_init["federation"]
-        self.runtime = ClientRuntime(cli.model, cli.datamodule, cli.trainer, cfg, int(cli.config["seed_everything"]))
-        self.runtime.prepare()
-        data_ids = list(self.runtime.data.client_ids)
+        data_ids = list(cli.datamodule.client_ids)
         hosted = list(settings.clients) if settings.clients is not None else data_ids
         unknown = [c for c in hosted if c not in data_ids]
         if unknown:
             raise ValueError(f"node config {NODE_CLIENTS} names {unknown}, which its data do not hold ({data_ids})")
         self.clients = hosted
+        seed = int(cli.config["seed_everything"])
+        self.runtime = ClientRuntime(cli.model, cli.datamodule, cli.trainer, cfg, seed, client_ids=hosted)
+        self.runtime.prepare()
         self.run_key: str | None = None
 
     # ------------------------------------------------------------------ what the server may know
