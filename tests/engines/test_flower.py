@@ -104,3 +104,19 @@ def test_fedavg_over_a_loopback_deployment_equals_inprocess(deployment: Deployme
     for i in range(2):
         assert (deployment.workdir / f"site{i}" / "flower" / "round-00001.flm").exists()
     assert "DescribedClients" not in (run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config",
+    [
+        "configs/scaffold_digits_dirichlet.yaml",  # c travels down, Δc_i up; c_i stays on its site's disk
+        "configs/fedbn_digits.yaml",  # norm layers stay on the sites
+        "configs/fedprox_digits.yaml",
+        "configs/fedshift_digits_dirichlet.yaml",  # secure sum of class counts through query messages
+        "configs/harmofl_digits.yaml",
+    ],
+)
+def test_method_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path, config: str):
+    run_dir = deploy(deployment, config, TINY)
+    assert_same_weights(final_state(run_dir), final_state(inprocess(tmp_path, config, TINY)))
