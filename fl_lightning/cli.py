@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from datamodules.base import FederatedDataModule
 from fl_lightning.checkpoint import rng_state, set_rng_state
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
+from fl_lightning.engines import distributed
 from fl_lightning.federation import Federation
+from fl_lightning.run_dir import json_safe
 from fl_lightning.runtime import ClientRuntime
 
 # The shared Trainer trains every client in turn; these are the settings that make that correct and quiet.
@@ -108,40 +114,117 @@ def instantiation_error_message(err: BaseException) -> str | None:
 def main(args: list[str] | None = None) -> dict[str, Any]:
     """Entry point of ``train.py``; tests call it with an argument list.
 
+    Under ``torchrun`` (the ``RANK``/``WORLD_SIZE`` variables) this process is one rank of a distributed run;
+    with ``--federation.workers=N`` it starts N ranks on this machine and waits for them.
+
     Returns:
-        The final summary (also written to ``summary.json`` in the run directory).
+        The final summary (also written to ``summary.json`` in the run directory); ``{}`` on ranks other than 0.
 
     """
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     # W&B's own end-of-run printout repeats what our final table shows; the run directory says where its files are.
     os.environ.setdefault("WANDB_SILENT", "true")
-    try:
-        cli = build_cli(args)
-    except ValueError as err:
-        clear = instantiation_error_message(err)
-        if clear is None:
-            raise
-        raise ValueError(clear) from None  # the dump and jsonargparse's frames say nothing more
+    argv = sys.argv[1:] if args is None else list(args)
+    if distributed.environment_rank() is not None:
+        return run_rank(argv)
+    cli = _build(argv)
     federation_cfg: FederationConfig = cli.config_init["federation"]
+    if federation_cfg.workers > 1:
+        return launch(argv, federation_cfg.workers)
     seed = int(cli.config["seed_everything"])
 
     def runtime_factory() -> ClientRuntime:
         """The serialized transport's client runtime, instantiated from the same arguments: its own copies."""
         saved = rng_state()  # instantiating seeds and draws initial weights: leave the run's generators as they are
         try:
-            own = build_cli([*(sys.argv[1:] if args is None else args), "--trainer.logger=false"])
+            own = build_cli([*argv, "--trainer.logger=false"])
         finally:
             set_rng_state(saved)
         return ClientRuntime(own.model, own.datamodule, own.trainer, own.config_init["federation"], seed)
 
-    federation = Federation(
-        federation_cfg,
+    return _federation(cli, runtime_factory=runtime_factory).run()
+
+
+def _build(argv: list[str]) -> FederatedCLI:
+    """:func:`build_cli`, with jsonargparse's union dump reduced to the user's own error."""
+    try:
+        return build_cli(argv)
+    except ValueError as err:
+        clear = instantiation_error_message(err)
+        if clear is None:
+            raise
+        raise ValueError(clear) from None  # the dump and jsonargparse's frames say nothing more
+
+
+def _federation(cli: FederatedCLI, **kwargs: Any) -> Federation:
+    return Federation(
+        cli.config_init["federation"],
         module=cli.model,
         datamodule=cli.datamodule,
         trainer=cli.trainer,
-        seed=seed,
+        seed=int(cli.config["seed_everything"]),
         config_text=cli.parser.dump(cli.config, skip_check=True),
         config_dict=cli.config.clone().as_dict(),
-        runtime_factory=runtime_factory,
+        **kwargs,
     )
-    return federation.run()
+
+
+# ---------------------------------------------------------------------------------------------- distributed
+def run_rank(argv: list[str]) -> dict[str, Any]:
+    """One rank of a distributed run: rank 0 runs the Federation over the ranks, the others serve their clients.
+
+    Every rank instantiates the same config (so the same data and shards); the clients are sharded by training
+    samples (:func:`~fl_lightning.engines.distributed.shard_clients`). Only rank 0 writes anything.
+    """
+    rank, world, local_rank = distributed.environment_rank()
+    extra = [] if rank == 0 else ["--trainer.logger=false"]  # outputs only from rank 0
+    if torch.cuda.is_available() and not any(a.startswith("--trainer.accelerator=cpu") for a in argv):
+        workers_per_device = _peek_int(argv, "--federation.workers_per_device", 1)
+        extra += [f"--trainer.devices=[{distributed.device_index(local_rank, workers_per_device)}]"]
+    distributed.hide_elastic_environment()  # before the Trainer exists: it must stay a single-device Trainer
+    cli = _build([*argv, *extra])
+    cfg: FederationConfig = cli.config_init["federation"]
+    distributed.init_process_group(rank, world, cfg.rank_timeout)
+    try:
+        data = cli.datamodule
+        owner = distributed.shard_clients({c: data.num_train_samples(c) for c in data.client_ids}, world)
+        hosted = [c for c, r in owner.items() if r == rank]
+        seed = int(cli.config["seed_everything"])
+        if rank != 0:
+            distributed.serve(ClientRuntime(cli.model, data, cli.trainer, cfg, seed, client_ids=hosted))
+            return {}
+        runtime = ClientRuntime(cli.model, data, cli.trainer, cfg, seed, prepared=True, client_ids=hosted)
+        transport = distributed.DistributedTransport(runtime, owner, world)
+        federation = _federation(cli, transport=transport)
+        runtime.note = federation.reporter.note
+        summary = federation.run()
+        transport.close()
+        return summary
+    finally:
+        distributed.destroy_process_group()
+
+
+def _peek_int(argv: list[str], key: str, default: int) -> int:
+    """The value of ``key=N`` on the command line (before the config is parsed), else ``default``."""
+    for arg in argv:
+        if arg.startswith(key + "="):
+            return int(arg.split("=", 1)[1])
+    return default
+
+
+def launch(argv: list[str], workers: int) -> dict[str, Any]:
+    """Start ``workers`` ranks on this machine (spawned processes, a free port on 127.0.0.1) and wait for them.
+
+    Raises:
+        RankError: If a rank fails or dies, naming it (the other ranks are stopped).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "summary.json"
+        distributed.spawn(_rank_entry, workers, (argv, str(out)))
+        return json.loads(out.read_text())
+
+
+def _rank_entry(argv: list[str], summary_path: str) -> None:
+    summary = main(argv)
+    if summary:  # rank 0
+        Path(summary_path).write_text(json.dumps(json_safe(summary)))

@@ -43,6 +43,11 @@ class FederationConfig:
         transport: How tasks reach the client runtime: ``inprocess`` (direct calls, the fast path) or
             ``serialized`` (every task and reply is encoded to bytes and decoded, and the client runtime
             holds its own copies of module, data and callbacks: proves that only messages cross the line).
+        workers: Processes to run the clients on (torch.distributed; rank 0 is also the server). ``N > 1`` starts
+            them on this machine; under ``torchrun`` (or SLURM's ``srun`` + torchrun) the launcher's ranks are used.
+        workers_per_device: Ranks that share one GPU (rank r uses ``cuda:(local_rank // workers_per_device)``).
+        rank_timeout: Seconds rank 0 waits for a rank's answer (and a rank for rank 0's next message) before the
+            run stops with an error naming it.
 
     """
 
@@ -65,6 +70,9 @@ class FederationConfig:
     keep_checkpoints: int = 2
     resume: str | None = None
     transport: Literal["inprocess", "serialized"] = "inprocess"
+    workers: int = 1
+    workers_per_device: int = 1
+    rank_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         checks = {
@@ -76,6 +84,9 @@ class FederationConfig:
             "eval_every": self.eval_every >= 0,
             "checkpoint_every": self.checkpoint_every >= 0,
             "keep_checkpoints": self.keep_checkpoints >= 0,
+            "workers": self.workers >= 1,
+            "workers_per_device": self.workers_per_device >= 1,
+            "rank_timeout": self.rank_timeout > 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:

@@ -236,7 +236,7 @@ class Federation:
         if self.config_text is not None:
             self.run_dir.write_config(self.config_text)
         self.run_dir.write_json("environment.json", environment_record(self.seed))
-        if cfg.plots:
+        if cfg.plots and hasattr(self.data, "label_counts"):  # a deployment's server does not know the labels
             ids = list(self.data.client_ids)
             counts = {c: self.data.label_counts(c).numpy() for c in ids}
             unit = "pixels" if self.data.client_data(ids[0]).train_y.ndim > 1 else "samples"  # masks count pixels
@@ -536,7 +536,13 @@ class Federation:
         if self.config.topology == "peer_to_peer":
             return self._evaluate_nodes()
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
-        pooled = self.has_global_model and len(self.groups) == 1 and hasattr(self.module, "evaluation_parts")
+        pooled = (
+            self.has_global_model
+            and len(self.groups) == 1
+            and hasattr(self.module, "evaluation_parts")
+            # predictions leave a client only in a simulation; additive counts (segmentation) may always
+            and (self.transport.simulation or not getattr(self.module, "pooled_parts_are_predictions", True))
+        )
         parts = []
         options = {"global": self.has_global_model, "outputs": pooled}
         tasks = [

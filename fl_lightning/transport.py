@@ -26,6 +26,9 @@ class Transport:
     """
 
     name = "base"
+    # A simulation's transport may carry what only a simulation should move (e.g. test predictions for pooled
+    # metrics); a deployment's (Flower) sets this False.
+    simulation = True
 
     def __init__(self, runtime: ClientRuntime) -> None:
         self.runtime = runtime

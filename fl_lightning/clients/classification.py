@@ -121,6 +121,8 @@ class ClassificationClient(ClientModule):
             return {}
         return {"logits": torch.cat(logits), "targets": torch.cat(targets)}
 
+    pooled_parts_are_predictions = True  # pooled metrics need the test predictions (a simulation only)
+
     @staticmethod
     def merge_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Several test sets' parts as one (concatenated in the given order)."""

@@ -114,7 +114,10 @@ class SegmentationClient(ClientModule):
         self.eval()
         num_classes = self.hparams.num_classes
         confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
-        jaccard = MulticlassJaccardIndex(num_classes, average="macro", validate_args=False).to(device)
+        # sync_on_compute=False: the counts are this test set's; under torch.distributed (clients sharded over
+        # ranks) torchmetrics would otherwise wait for the other ranks in a collective they never join.
+        jaccard = MulticlassJaccardIndex(num_classes, average="macro", validate_args=False, sync_on_compute=False)
+        jaccard = jaccard.to(device)
         inter = torch.zeros(num_classes, device=device)
         denom = torch.zeros(num_classes, device=device)
         ce_sum, pixels = torch.zeros((), dtype=torch.float64, device=device), 0
@@ -140,6 +143,8 @@ class SegmentationClient(ClientModule):
             "pixels": torch.tensor(pixels),
         }
 
+    pooled_parts_are_predictions = False  # additive counts: pooled metrics never need a prediction
+
     @staticmethod
     def merge_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Several test sets' counts as one (sums)."""
@@ -153,7 +158,9 @@ class SegmentationClient(ClientModule):
 
     def metrics_from_parts(self, parts: dict[str, Tensor]) -> dict[str, float]:
         """The metrics of :meth:`evaluate` from (merged) counts."""
-        jaccard = MulticlassJaccardIndex(self.hparams.num_classes, average="macro", validate_args=False)
+        jaccard = MulticlassJaccardIndex(
+            self.hparams.num_classes, average="macro", validate_args=False, sync_on_compute=False
+        )
         jaccard.confmat = parts["jaccard_confmat"].clone()
         jaccard._update_count = 1  # counts were added: compute() must not warn that update() never ran
         loss = float(parts["ce_sum"]) / int(parts["pixels"])

@@ -103,6 +103,7 @@ class FlowerTransport(Transport):
     """
 
     name = "flower"
+    simulation = False  # real sites: no test predictions leave them (see Federation.evaluate)
 
     def __init__(self, grid: Grid, timeout: float = 3600.0, keep_checkpoints: int = 2, poll: float = 0.05) -> None:
         super().__init__(runtime=None)  # type: ignore[arg-type]  # the runtimes live on the sites

@@ -1,0 +1,324 @@
+"""Simulation across processes and GPUs on torch.distributed: the clients are sharded over ranks.
+
+Rank 0 is the server (the :class:`~fl_lightning.federation.Federation`, the run directory, the loggers) and
+also hosts a shard of the clients; every other rank runs :func:`serve`, a loop that answers the server's
+messages with its own :class:`~fl_lightning.runtime.ClientRuntime`. Messages are our encoded tasks and
+replies (:mod:`fl_lightning.protocol`), sent as uint8 tensors over the gloo backend (CPU tensors; NCCL cannot
+send those, so a CUDA run keeps gloo for the messages). Per batch of tasks the server sends every rank its
+share first, handles its own, then collects the replies and hands them on in task order, so results do not
+depend on the number of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fl_lightning import protocol
+from fl_lightning.protocol import Reply, Task
+from fl_lightning.runtime import POOLED, ClientRuntime
+from fl_lightning.transport import Transport
+
+# Environment variables torchrun sets; Lightning would read them as a request for its own multi-process
+# training, so each rank hides them from its (single-device) Trainer once the process group is up.
+ELASTIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "ROLE_NAME")  # fmt: skip
+# Per-client entries of a runtime's checkpoint state (everything else is shared by the ranks).
+PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data")
+
+
+class RankError(RuntimeError):
+    """A rank died, hung past the timeout, or failed; the message names it."""
+
+
+def shard_clients(sizes: dict[str, int], world_size: int) -> dict[str, int]:
+    """Each client's rank: balanced by training samples (largest first, to the least-loaded rank).
+
+    Ties (in size, and in load) go to the client id order and to the lowest rank, so the shards depend
+    only on the sizes and the number of ranks. The pooled pseudo-client of centralised runs lives on rank 0.
+
+    Args:
+        sizes: Training samples per client.
+        world_size: Number of ranks.
+
+    Returns:
+        ``{client: rank}``.
+    """
+    load = [0] * world_size
+    owner = {}
+    for cid in sorted(sizes, key=lambda c: (-sizes[c], c)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[cid] = rank
+        load[rank] += sizes[cid]
+    owner[POOLED] = 0
+    return owner
+
+
+def split_runtime_state(state: dict[str, Any], owner: dict[str, int], rank: int) -> dict[str, Any]:
+    """The part of a (merged) runtime checkpoint state that belongs to ``rank``'s clients."""
+    out = {k: v for k, v in state.items() if k not in PER_CLIENT}
+    for key in PER_CLIENT:
+        out[key] = {c: v for c, v in state.get(key, {}).items() if owner.get(c, 0) == rank}
+    return out
+
+
+def merge_runtime_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """One runtime checkpoint state from the ranks' (their clients are disjoint), as one process writes it."""
+    merged = {k: v for k, v in states[0].items() if k not in PER_CLIENT}
+    for key in PER_CLIENT:
+        merged[key] = {}
+        for state in states:
+            merged[key].update(state.get(key, {}))
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------- the wire
+def _send(obj: Any, dst: int) -> dist.Work:
+    """Send an encoded object to ``dst`` (non-blocking; keep the returned work until it is done)."""
+    data = torch.frombuffer(bytearray(protocol.encode(obj)), dtype=torch.uint8)
+    dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst)
+    return dist.isend(data, dst), data.numel()
+
+
+def _recv(src: int) -> tuple[Any, int]:
+    """Receive one encoded object from ``src``; ``(object, bytes)``."""
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, src)
+    data = torch.empty(int(size), dtype=torch.uint8)
+    dist.recv(data, src)
+    return protocol.decode(data.numpy().tobytes()), int(size)
+
+
+class DistributedTransport(Transport):
+    """The server's transport over torch.distributed: tasks go to the rank hosting their client.
+
+    Args:
+        runtime: Rank 0's own runtime (its shard of the clients; it shares the server's module).
+        owner: Each client's rank.
+        world_size: Number of ranks.
+    """
+
+    name = "distributed"
+
+    def __init__(self, runtime: ClientRuntime, owner: dict[str, int], world_size: int) -> None:
+        super().__init__(runtime)
+        self.owner, self.world_size = owner, world_size
+        self._seconds = [0.0] * world_size
+        self._samples = [0] * world_size
+
+    # ------------------------------------------------------------------ messages
+    def _post(self, rank: int, message: Any) -> dist.Work:
+        try:
+            work, size = _send(message, rank)
+        except RuntimeError as err:
+            raise RankError(f"rank {rank} is unreachable (it died?): {err}") from err
+        self.bytes_down += size
+        return work
+
+    def _collect(self, rank: int) -> dict[str, Any]:
+        try:
+            answer, size = _recv(rank)
+        except RuntimeError as err:
+            raise RankError(f"rank {rank} did not answer (it died, or hung past the timeout): {err}") from err
+        self.bytes_up += size
+        if answer.get("error"):
+            raise RankError(f"rank {rank} failed:\n{answer['error']}")
+        return answer
+
+    def _exchange(self, per_rank: dict[int, Any]) -> dict[int, Any]:
+        """Send each remote rank its message, then collect every answer (naming a rank that fails)."""
+        pending = [self._post(rank, message) for rank, message in per_rank.items()]
+        answers = {rank: self._collect(rank) for rank in per_rank}
+        for work in pending:
+            work.wait()
+        return answers
+
+    def _broadcast(self, op: str, **fields: Any) -> dict[int, Any]:
+        return self._exchange({r: {"op": op, **fields} for r in range(1, self.world_size)})
+
+    def request(self, task: Task) -> Reply:  # noqa: D102
+        return next(self.stream([task]))
+
+    def stream(self, tasks: list[Task]) -> Iterator[Reply]:  # noqa: D102
+        remote: dict[int, list[int]] = {}
+        local: list[int] = []
+        for i, task in enumerate(tasks):
+            rank = self.owner.get(task.client_id, 0)
+            (local if rank == 0 else remote.setdefault(rank, [])).append(i)
+        replies: list[Reply | None] = [None] * len(tasks)
+        # Remote ranks first (they work while rank 0 handles its own), then rank 0's, then collect.
+        pending = [self._post(rank, {"op": "tasks", "tasks": [tasks[i] for i in idx]}) for rank, idx in remote.items()]
+        t0 = time.perf_counter()
+        for i in local:
+            self.bytes_down += protocol.encoded_size(tasks[i])
+            replies[i] = self.runtime.handle(tasks[i])
+            self.bytes_up += protocol.encoded_size(replies[i])
+            self._count(0, tasks[i], replies[i])
+        self._seconds[0] += time.perf_counter() - t0 if local and tasks[local[0]].kind == protocol.FIT else 0.0
+        for rank, indices in remote.items():
+            answer = self._collect(rank)
+            for i, reply in zip(indices, answer["replies"], strict=True):
+                replies[i] = reply
+                self._count(rank, tasks[i], reply)
+            self._seconds[rank] += answer["seconds"] if tasks[indices[0]].kind == protocol.FIT else 0.0
+        for work in pending:
+            work.wait()
+        yield from replies
+
+    def _count(self, rank: int, task: Task, reply: Reply) -> None:
+        if task.kind == protocol.FIT and reply.error is None:
+            self._samples[rank] += reply.num_samples * (task.epochs if task.steps is None else 1)
+
+    def take_round_metrics(self) -> dict[str, float]:  # noqa: D102
+        out = {
+            f"throughput/rank{r}/samples_per_s": (self._samples[r] / self._seconds[r]) if self._seconds[r] else 0.0
+            for r in range(self.world_size)
+        }
+        self._seconds = [0.0] * self.world_size
+        self._samples = [0] * self.world_size
+        return out
+
+    # ------------------------------------------------------------------ runtime control
+    def prepare(self) -> None:  # noqa: D102
+        self.runtime.prepare()
+        self._broadcast("prepare")
+
+    def start(self, workdir: Any) -> None:  # noqa: D102
+        self.runtime.start(workdir)
+        self._broadcast("start", workdir=str(workdir) if workdir is not None else None)
+
+    def runtime_state(self) -> dict[str, Any]:  # noqa: D102
+        answers = self._broadcast("state")
+        return merge_runtime_states([self.runtime.state_dict(), *(answers[r]["state"] for r in sorted(answers))])
+
+    def load_runtime_state(self, state: dict[str, Any]) -> None:  # noqa: D102
+        self.runtime.load_state_dict(split_runtime_state(state, self.owner, 0))
+        self._exchange(
+            {r: {"op": "load", "state": split_runtime_state(state, self.owner, r)} for r in range(1, self.world_size)}
+        )
+
+    def close(self) -> None:
+        """Let the other ranks leave their loop."""
+        self._broadcast("stop")
+
+
+def serve(runtime: ClientRuntime) -> None:
+    """A non-zero rank: answer rank 0's messages with ``runtime`` until it says stop.
+
+    An exception while answering goes back to rank 0 (which stops the run naming this rank) instead of
+    killing this process silently.
+    """
+    while True:
+        message, _ = _recv(0)
+        op = message["op"]
+        try:
+            if op == "stop":
+                _send({"ok": True}, 0)[0].wait()
+                return
+            if op == "tasks":
+                t0 = time.perf_counter()
+                replies = [runtime.handle(task) for task in message["tasks"]]
+                answer = {"replies": replies, "seconds": time.perf_counter() - t0}
+            elif op == "prepare":
+                runtime.prepare()
+                answer = {"ok": True}
+            elif op == "start":
+                runtime.start(Path(message["workdir"]) if message["workdir"] else None)
+                answer = {"ok": True}
+            elif op == "state":
+                answer = {"state": runtime.state_dict()}
+            elif op == "load":
+                runtime.load_state_dict(message["state"])
+                answer = {"ok": True}
+            else:
+                raise ValueError(f"unknown message {op!r}")
+        except Exception:  # noqa: BLE001 - reported to rank 0, which stops the run with it
+            answer = {"error": traceback.format_exc()}
+        _send(answer, 0)[0].wait()
+        if "error" in answer:
+            return
+
+
+# ---------------------------------------------------------------------------------------------- set-up
+def environment_rank() -> tuple[int, int, int] | None:
+    """``(rank, world size, local rank)`` when launched by torchrun (or our own launcher), else ``None``."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def hide_elastic_environment() -> None:
+    """Remove torchrun's rank variables (MASTER_ADDR/PORT stay for :func:`init_process_group`).
+
+    Lightning reads them as a request for its own multi-process training; each rank's Trainer must stay a
+    single-device Trainer, so they go before it is built.
+    """
+    for var in ELASTIC_VARS:
+        os.environ.pop(var, None)
+
+
+def init_process_group(rank: int, world_size: int, timeout_s: float) -> None:
+    """Join the process group: gloo for the messages (and ``cuda:nccl`` next to it when CUDA is there).
+
+    ``timeout_s`` bounds every wait for another rank, so a rank that hangs stops the run instead of hanging it.
+    """
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), rank=rank, world_size=world_size)
+
+
+def destroy_process_group() -> None:
+    """Leave the process group (if joined)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(fn: Callable[..., None], world_size: int, args: tuple[Any, ...]) -> None:
+    """Run ``fn(*args)`` in ``world_size`` new processes, ranks 0 … N − 1 of one group on 127.0.0.1.
+
+    Each process gets torchrun's variables (so it takes the same path as under torchrun) and, unless
+    ``OMP_NUM_THREADS`` says otherwise, an equal share of the CPU cores as intra-op threads.
+
+    Raises:
+        RankError: If a rank raised or died (the others are then stopped), naming it.
+    """
+    port = free_port()
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world_size)
+    try:
+        mp.start_processes(
+            _spawned, args=(world_size, port, threads, fn, args), nprocs=world_size, start_method="spawn", join=True
+        )
+    except mp.ProcessRaisedException as err:
+        raise RankError(f"rank {err.error_index} failed:\n{err}") from None
+    except mp.ProcessExitedException as err:
+        raise RankError(f"rank {err.error_index} died: {err}") from None
+
+
+def _spawned(rank: int, world_size: int, port: int, threads: int, fn: Callable[..., None], args: tuple) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+    )  # fmt: skip
+    torch.set_num_threads(threads)
+    fn(*args)
+
+
+def device_index(local_rank: int, workers_per_device: int) -> int:
+    """The GPU of a rank when ``workers_per_device`` ranks share one: ``local_rank // workers_per_device``."""
+    return local_rank // max(1, workers_per_device)

@@ -1,0 +1,143 @@
+"""torch.distributed: clients sharded over ranks give exactly the one-process results; resume across rank counts.
+
+The multi-rank runs share one spawn of 2 ranks (gloo, 127.0.0.1, ephemeral ports): each rank runs the
+list of runs in turn, so the suite pays the processes' start-up once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.checkpoint import checkpoint_path
+from fl_lightning.cli import main
+from fl_lightning.engines import distributed
+from tests.anchors.runs import RUNS, describe, run_args
+
+REPO = Path(__file__).resolve().parents[2]
+QUIET = ["--federation.quiet=true"]
+RESUME_BASE = [  # FedBN + FedProx, momentum kept: private layers, optimiser states and a callback, all sharded
+    "--config", str(REPO / "configs/fedbn_digits.yaml"), "--trainer.callbacks+=callbacks.FedProx",
+    "--trainer.callbacks.mu=0.1", "--federation.keep_optimizer_state=true", "--federation.rounds=3",
+    "--data.max_samples_per_client=40", "--data.image_size=8", "--model.width=4", "--trainer.logger=false",
+    "--federation.plots=false", "--federation.keep_checkpoints=0", *QUIET,
+]  # fmt: skip
+
+
+def resume_args(out: Path, name: str, *extra: str) -> list[str]:
+    return [*RESUME_BASE, f"--federation.output_dir={out}", f"--federation.run_name={name}", *extra]
+
+
+def run_on_two_ranks(jobs: list[list[str]]) -> None:
+    """Spawn 2 ranks once; each runs ``jobs`` in turn, every run in its own process group (its own port)."""
+    distributed.spawn(_run_jobs, 2, ([(argv, distributed.free_port()) for argv in jobs],))
+
+
+def _run_jobs(jobs: list[tuple[list[str], int]]) -> None:
+    # run_rank hides torchrun's variables from the Trainer: put them back before each run
+    env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    for argv, port in jobs:
+        os.environ.update(env, MASTER_PORT=str(port))
+        main(argv)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run once: one process, then two ranks, then the 2 → 1 resume in one process."""
+    root = tmp_path_factory.mktemp("distributed")
+    one, two = root / "one", root / "two"
+    for name in RUNS:  # the seven methods of the regression anchor, one process
+        main(run_args(name, one, QUIET))
+    main(resume_args(root, "uninterrupted"))
+    main(resume_args(root, "one-two", "--federation.rounds=1"))  # 1 → 2: the first round in one process
+    jobs = [run_args(name, two, QUIET) for name in RUNS]
+    jobs.append(resume_args(root, "two-one", "--federation.rounds=1"))  # 2 → 1: the first round on two ranks
+    jobs.append(resume_args(root, "one-two", "--federation.resume=last"))
+    run_on_two_ranks(jobs)
+    main(resume_args(root, "two-one", "--federation.resume=last"))
+    return root
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_two_ranks_give_the_one_process_final_state_bit_for_bit(runs, name):
+    one, two = describe(runs / "one" / name), describe(runs / "two" / name)
+    assert two["sha256"] == one["sha256"]
+    assert two["summary"] == one["summary"]
+
+
+@pytest.mark.parametrize("name", ["one-two", "two-one"])
+def test_resume_with_another_number_of_ranks_is_exact(runs, name):
+    assert describe(runs / name)["sha256"] == describe(runs / "uninterrupted")["sha256"]
+    rows = [r for r in (runs / name / "rounds.csv").read_text().splitlines()]
+    assert len(rows) == 4  # header + 3 rounds, one of them from the other number of ranks
+
+
+def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):
+    run = runs / "two" / "fedavg_digits"
+    header = (run / "rounds.csv").read_text().splitlines()[0].split(",")
+    assert {"throughput/rank0/samples_per_s", "throughput/rank1/samples_per_s"} <= set(header)
+    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted(RUNS)  # no directory per rank
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 2
+
+
+def test_shards_are_balanced_by_training_samples_and_deterministic():
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 40, "e": 10}
+    owner = distributed.shard_clients(sizes, 2)
+    loads = [sum(n for c, n in sizes.items() if owner[c] == r) for r in range(2)]
+    assert owner == distributed.shard_clients(dict(reversed(sizes.items())), 2)  # order of the dict is irrelevant
+    # largest first to the least-loaded rank: a 100, b 60, c 50 (rank 1: 110), d 40 (rank 0: 140), e 10 (rank 1)
+    assert loads == [140, 120] and owner["__pooled__"] == 0
+    assert [c for c in sizes if owner[c] == 1] == ["b", "c", "e"]
+    assert set(distributed.shard_clients(sizes, 8).values()) == {0, 1, 2, 3, 4}  # never more ranks than clients used
+
+
+def test_runtime_state_splits_by_owner_and_merges_back():
+    state = {
+        "private": {"a": {"g": 1}, "b": {"g": 2}},
+        "optimizer_states": {"b": {"g": 3}},
+        "callback_states": {"a": {"X": {"c_i": 4}}},
+        "subset_samplers": {},
+        "data": {"a": 1, "b": 2, "__pooled__": 0},
+        "callbacks": {"X": {}},
+    }
+    owner = {"a": 0, "b": 1, "__pooled__": 0}
+    parts = [distributed.split_runtime_state(state, owner, r) for r in (0, 1)]
+    assert parts[1]["private"] == {"b": {"g": 2}} and parts[0]["data"] == {"a": 1, "__pooled__": 0}
+    assert distributed.merge_runtime_states(parts) == state
+
+
+def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_path):
+    args = [*resume_args(tmp_path, "killed", "--federation.rounds=8", "--federation.local_epochs=3",
+            "--data.max_samples_per_client=60"), "--federation.workers=2", "--federation.rank_timeout=30"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from fl_lightning.cli import main; main()", *args],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not checkpoint_path(tmp_path / "killed", 1).exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.1)
+        children = sorted(int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split())
+        ranks = [p for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(ranks) == 2, children
+        os.kill(ranks[1], signal.SIGKILL)  # rank 1 (spawned second)
+        killed_at = time.monotonic()
+        err = proc.communicate(timeout=60)[1].decode()
+        assert time.monotonic() - killed_at < 60
+        assert proc.returncode != 0 and "rank 1" in err, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    summary = main([*args[:-2], "--federation.resume=last"])  # one process now
+    assert summary["rounds"] == 8
