@@ -39,6 +39,9 @@ class WeightPerturbation(FederatedCallback):
 
     Args:
         alpha: Perturbation radius α ≥ 0 (the paper sweeps 1 … 5e-4; α = 0 is the plain step at twice the cost).
+            The radius is absolute, so what suits depends on the model: on the digits' BN CNN the default 0.05 makes
+            the loss at w + δ 1.65× the loss at w at initialisation and held a binary 15 %/85 % task at the
+            majority class; ``configs/harmofl_digits.yaml`` uses 0.01 (README, "Degenerate training").
 
     """
 

@@ -16,6 +16,33 @@ from datamodules.shifts import SiteStyle, StyleSpec, resolve_site_styles
 _MAX_DOMAINS = 5
 
 
+def binary_subsample(labels: np.ndarray, positive_fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded subsample of 0/1 ``labels`` whose share of ones is ``positive_fraction``.
+
+    The side above its target share is subsampled (without replacement), the other side is kept whole.
+
+    Args:
+        labels: Binary labels (0 negative, 1 positive), both present.
+        positive_fraction: Target share of positives in (0, 1).
+        seed: Seed of the subsample.
+
+    Returns:
+        Sorted int64 indices into ``labels``.
+
+    """
+    pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    if len(pos) == 0 or len(neg) == 0:
+        raise ValueError(f"positive_fraction needs both classes, got {len(pos)} positives and {len(neg)} negatives")
+    rng = np.random.default_rng(seed)
+    if len(pos) / (len(pos) + len(neg)) <= positive_fraction:
+        n_neg = max(1, round(len(pos) * (1.0 - positive_fraction) / positive_fraction))
+        neg = rng.choice(neg, size=min(n_neg, len(neg)), replace=False)
+    else:
+        n_pos = max(1, round(len(neg) * positive_fraction / (1.0 - positive_fraction)))
+        pos = rng.choice(pos, size=min(n_pos, len(pos)), replace=False)
+    return np.sort(np.concatenate([pos, neg])).astype(np.int64)
+
+
 class DigitsFederated(FederatedDataModule):
     """Handwritten digits (``sklearn.datasets.load_digits``) split over ``num_clients`` sites; nothing downloaded.
 
@@ -44,6 +71,12 @@ class DigitsFederated(FederatedDataModule):
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's samples held out as its test set.
         seed: Seed for partitioning, styling, splitting and shuffling.
+        binary_positive: Turn the task into one digit against the rest: label 1 for this digit (0–9), label 0 for
+            every other digit, ``num_classes`` 2. None (default): the 10-class task.
+        positive_fraction: With ``binary_positive``: the share of positives (in (0, 1)) after subsampling the
+            pooled data (seeded, before partitioning): the larger side is subsampled, the smaller one kept whole;
+            e.g. digit 0 (178 scans) at 0.15 keeps its 178 scans and 1009 of the other 1619. None: no subsampling
+            (about 10 % positives).
 
     Raises:
         ValueError: On an invalid argument, naming it.
@@ -65,6 +98,8 @@ class DigitsFederated(FederatedDataModule):
         eval_batch_size: int = 256,
         test_fraction: float = 0.2,
         seed: int = 0,
+        binary_positive: int | None = None,
+        positive_fraction: float | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
         if num_clients < 1:
@@ -78,6 +113,15 @@ class DigitsFederated(FederatedDataModule):
             raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client}")
         if max_samples_per_client is not None and max_samples_per_client < 1:
             raise ValueError(f"max_samples_per_client must be >= 1 or None, got {max_samples_per_client}")
+        if binary_positive is not None and not 0 <= binary_positive <= 9:
+            raise ValueError(f"binary_positive must be a digit 0-9 or None, got {binary_positive}")
+        if positive_fraction is not None:
+            if binary_positive is None:
+                raise ValueError("positive_fraction needs binary_positive (the digit that is the positive class)")
+            if not 0.0 < positive_fraction < 1.0:
+                raise ValueError(f"positive_fraction must be in (0, 1), got {positive_fraction}")
+        self.binary_positive = binary_positive
+        self.positive_fraction = positive_fraction
         self.num_clients = num_clients
         self.size = image_size
         self.channels = channels
@@ -86,7 +130,7 @@ class DigitsFederated(FederatedDataModule):
         self.classes_per_client = classes_per_client
         self.site_styles = site_styles
         self.max_samples_per_client = max_samples_per_client
-        self._declared_num_classes = 10
+        self._declared_num_classes = 10 if binary_positive is None else 2
         self._source = "digits"
         resolve_site_styles(site_styles, self._num_styles(), seed, channels)  # a bad style fails here, not at setup
 
@@ -103,6 +147,11 @@ class DigitsFederated(FederatedDataModule):
         labels = np.asarray(digits.target, dtype=np.int64)
         images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
         images = convert_channels(resize_images(images, self.size), self.channels)
+        if self.binary_positive is not None:
+            labels = (labels == self.binary_positive).astype(np.int64)
+            if self.positive_fraction is not None:
+                keep = binary_subsample(labels, self.positive_fraction, stable_seed(self.seed, "binary"))
+                labels, images = labels[keep], images[torch.as_tensor(keep)]
 
         check_clients_fit(len(labels), self.num_clients, self.test_fraction, self._source, self.max_samples_per_client)
         by_domain = self.partition in ("domain", "dirichlet_domain")

@@ -31,5 +31,31 @@ def client_control(
 
 
 def server_control(c: Mapping[str, Tensor], delta_sum: Mapping[str, Tensor], num_clients: int) -> dict[str, Tensor]:
-    """Server control update: c ← c + (|S|/N) · mean_{i∈S}(c_i⁺ − c_i) = c + Σ_{i∈S}(c_i⁺ − c_i) / N."""
+    """Server control update of the paper: c ← c + (|S|/N) · mean_{i∈S}(c_i⁺ − c_i) = c + Σ_{i∈S}(c_i⁺ − c_i) / N."""
     return {k: c[k] + delta_sum[k] / num_clients for k in c}
+
+
+def weighted_server_control(
+    c: Mapping[str, Tensor], weighted_delta_sum: Mapping[str, Tensor], weight_sum: float, participation: float
+) -> dict[str, Tensor]:
+    """Weighted server control update: c ← c + P · Σ_{i∈S} π_i (c_i⁺ − c_i) / Σ_{i∈S} π_i.
+
+    With full participation (P = 1) and weights π_i that do not change between rounds, c stays the π-weighted mean
+    of the clients' c_i. With π_i = p_i τ_i (aggregation weight × local steps) that mean makes the corrections cancel
+    in the aggregated update: Σ_i p_i Σ_{k<τ_i} (c − c_i) = Σ_i p_i τ_i (c − c_i) = 0. With π_i = 1/N and
+    P = |S|/N (uniform weights, equal steps) it is the paper's :func:`server_control`.
+
+    Args:
+        c: The server control variate.
+        weighted_delta_sum: Σ_{i∈S} π_i (c_i⁺ − c_i).
+        weight_sum: Σ_{i∈S} π_i (> 0).
+        participation: P, the population weight of the round's participants (|S|/N with uniform weights).
+
+    Returns:
+        The new server control variate.
+
+    """
+    if weight_sum <= 0:
+        raise ValueError(f"SCAFFOLD control weights must sum to > 0, got {weight_sum}")
+    scale = participation / weight_sum
+    return {k: c[k] + weighted_delta_sum[k] * scale for k in c}
