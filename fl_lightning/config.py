@@ -25,6 +25,13 @@ class FederationConfig:
         keep_optimizer_state: Keep each client's optimiser state (e.g. momentum) across rounds
             instead of a fresh optimiser per fit. Always on in ``local`` and ``centralized`` mode.
         eval_every: Evaluate every this many rounds (0 = only after the last round).
+        eval_clients: Clients evaluated on an evaluation round other than the last: ``null`` (default) = all;
+            a float in (0, 1] = that fraction of the clients (at least one); an int >= 1 = that many (at most
+            all). The sample is drawn anew each round, seeded by ``seed_everything`` and the round (like client
+            selection), so per-round evaluation costs in proportion to the sample, not to all clients. The last
+            round always evaluates every client (``summary.json`` is always over all clients). Per-client means,
+            worst clients and pooled metrics of a sampled round are over the sampled clients; the rows of the
+            others stay empty in ``metrics.csv``. Evaluation never trains: the weights do not depend on it.
         output_dir: Parent directory of run directories.
         run_name: Name of this run's directory (default: a timestamp and the mode).
         progress: The live progress bar over rounds and clients: ``true`` always, ``false`` never, ``null``
@@ -61,6 +68,7 @@ class FederationConfig:
     topology: Literal["star", "peer_to_peer"] = "star"
     keep_optimizer_state: bool = False
     eval_every: int = 1
+    eval_clients: int | float | None = None
     output_dir: str = "runs"
     run_name: str | None = None
     progress: bool | None = None
@@ -82,6 +90,7 @@ class FederationConfig:
             "client_fraction": 0 < self.client_fraction <= 1,
             "clients_per_round": self.clients_per_round is None or self.clients_per_round >= 1,
             "eval_every": self.eval_every >= 0,
+            "eval_clients": _valid_eval_clients(self.eval_clients),
             "checkpoint_every": self.checkpoint_every >= 0,
             "keep_checkpoints": self.keep_checkpoints >= 0,
             "workers": self.workers >= 1,
@@ -94,3 +103,14 @@ class FederationConfig:
             raise ValueError(f"invalid federation settings: {values}")
         if self.topology == "peer_to_peer" and self.mode != "federated":
             raise ValueError(f"federation.topology=peer_to_peer needs federation.mode=federated, got {self.mode!r}")
+
+
+def _valid_eval_clients(value: int | float | None) -> bool:
+    """``None``, an int >= 1 (a count) or a float in (0, 1] (a fraction); never a bool."""
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 1
+    return isinstance(value, float) and 0 < value <= 1

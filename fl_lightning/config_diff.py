@@ -22,6 +22,7 @@ ALLOWED_TO_CHANGE: dict[str, str] = {
     "federation.quiet": "terminal output only",
     "federation.plots": "figures written at start and end only",
     "federation.eval_every": "evaluation never trains, and its loaders draw from no shared generator",
+    "federation.eval_clients": "which clients are evaluated on intermediate rounds: evaluation never trains (tested)",
     "federation.checkpoint_every": "when checkpoints are written, not what they hold",
     "federation.keep_checkpoints": "how many old checkpoints are kept",
     "federation.resume": "where to resume from",

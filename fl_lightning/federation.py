@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 from datamodules.base import FederatedDataModule
@@ -89,6 +90,7 @@ class Federation:
         self.round = 0
         self.run_dir: RunDirectory | None = None
         self.last_evaluation: dict[str, Any] = {}
+        self.evaluated_clients: list[str] = []  # the clients of the latest evaluation
 
     # ------------------------------------------------------------------ set-up
     def _check_mode(self) -> None:
@@ -302,7 +304,9 @@ class Federation:
         # --- evaluate
         t0 = time.perf_counter()
         is_last = r + 1 == cfg.rounds
-        evaluation = self.evaluate() if is_last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0) else {}
+        evaluation: dict[str, Any] = {}
+        if is_last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0):
+            evaluation = self.evaluate(self.evaluation_clients(r))
         t_eval = time.perf_counter() - t0
         eval_down, eval_up = self.transport.take_counts()
         # --- record
@@ -321,6 +325,8 @@ class Federation:
             "comm/eval_bytes_up": eval_up,
             **self.transport.take_round_metrics(),  # e.g. per-rank throughput of a distributed transport
         }
+        if cfg.eval_clients is not None:  # only with sampling on: rounds.csv is unchanged without it
+            round_row["round/evaluated_clients"] = len(self.evaluated_clients) if evaluation else 0
         for model, stats in evaluation.get("summary", {}).items():
             round_row.update({f"eval/{model}/{m}": s["mean"] for m, s in stats.items()})
         round_row.update({f"eval/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
@@ -522,8 +528,15 @@ class Federation:
                 return group
         raise KeyError(f"client {client_id!r} belongs to no model group")
 
-    def evaluate(self) -> dict[str, Any]:
-        """Evaluate on every client's test set (not only the sampled clients), one ``evaluate`` task per client.
+    def evaluation_clients(self, r: int) -> list[str]:
+        """Clients evaluated in round ``r`` (0-based): all, or with ``eval_clients`` a seeded sample except last."""
+        ids = list(self.data.client_ids)
+        if self.config.eval_clients is None or r + 1 >= self.config.rounds:
+            return ids
+        return evaluation_sample(ids, r, self.seed, self.config.eval_clients)
+
+    def evaluate(self, client_ids: list[str] | None = None) -> dict[str, Any]:
+        """Evaluate on every client's test set (not only the trained ones), one ``evaluate`` task per client.
 
         ``global``: the client's group model. ``personal``: the group model with the client's private
         state (identical to ``global`` when nothing is private, as in FedAvg, and then not recomputed).
@@ -532,7 +545,14 @@ class Federation:
         counts for segmentation) — no second pass over the data. Peer-to-peer runs have no global model;
         there every node's model is evaluated on every node's test set (``node_matrix[holder][test node]``,
         summarised over all pairs as ``cross``).
+
+        Args:
+            client_ids: Evaluate only these clients (``federation.eval_clients``' sample, in the data's order);
+                default all. Per-client results, their summaries and the pooled metrics are then over them only.
+                :attr:`evaluated_clients` holds the list during the evaluation (callbacks' ``extra_evaluation``
+                may restrict themselves to it).
         """
+        self.evaluated_clients = list(self.data.client_ids) if client_ids is None else list(client_ids)
         if self.config.topology == "peer_to_peer":
             return self._evaluate_nodes()
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
@@ -554,9 +574,9 @@ class Federation:
                 state=self.group_of(cid).state,
                 options=options,
             )
-            for cid in self.data.client_ids
+            for cid in self.evaluated_clients
         ]
-        for cid, reply in zip(self.data.client_ids, self.transport.stream(tasks)):
+        for cid, reply in zip(self.evaluated_clients, self.transport.stream(tasks)):
             for model in ("global", "personal"):
                 if model in reply.metrics:
                     per_model[model][cid] = reply.metrics[model]
@@ -576,7 +596,7 @@ class Federation:
     def _evaluate_nodes(self) -> dict[str, Any]:
         """Peer-to-peer: each node's held model on each node's test set (the model travels via the relay)."""
         group = self.groups[0]
-        ids = list(self.data.client_ids)
+        ids = self.evaluated_clients
         matrix: dict[str, dict[str, dict[str, float]]] = {}
         take = [Task(protocol.TAKE_PRIVATE, self.round, c, group.name) for c in ids]
         held = {t.client_id: reply.state or {} for t, reply in zip(take, self.transport.stream(take))}
@@ -670,6 +690,21 @@ class Federation:
         save_checkpoint(path, self.state_dict())
         prune_checkpoints(self.run_dir.path, self.config.keep_checkpoints)
         return path
+
+
+def evaluation_sample(client_ids: list[str], round_idx: int, seed: int, eval_clients: int | float) -> list[str]:
+    """The clients evaluated in round ``round_idx`` (0-based) under ``federation.eval_clients``, in the data's order.
+
+    A float is a fraction of the clients (at least one), an int a count (at most all). The draw depends only on
+    (seed, round) and uses its own stream (not client selection's), so a resumed run draws the same sample.
+    """
+    n = len(client_ids)
+    k = max(1, round(eval_clients * n)) if isinstance(eval_clients, float) else int(eval_clients)
+    if k >= n:
+        return list(client_ids)
+    chosen = np.random.default_rng([seed, round_idx, 2]).choice(n, size=k, replace=False)
+    keep = set(chosen.tolist())
+    return [cid for i, cid in enumerate(client_ids) if i in keep]
 
 
 def _samples_trained(reply: Reply, batch_size: int, fixed_steps: bool) -> int:
