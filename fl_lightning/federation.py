@@ -230,7 +230,10 @@ class Federation:
             check_clients_match(state, self.data.client_ids)
             changes = check_resume_config(path, self.config_dict)  # the allow-listed changes, to record
             self.load_state_dict(state)
-            self.run_dir = RunDirectory.reopen(path, state["rows"]["clients"], state["rows"]["rounds"])
+            if "rows" in state:  # written before checkpoints held only the row counts: the rows themselves
+                self.run_dir = RunDirectory.reopen(path, state["rows"]["clients"], state["rows"]["rounds"])
+            else:  # the CSVs are the source, cut back to what this checkpoint counts
+                self.run_dir = RunDirectory.resume(path, state["row_counts"])
             self.run_dir.record_resume(ckpt_path, self.round, changes)
             self.reporter.note(f"resuming from {ckpt_path} after round {self.round}")
             return state.get("logger_run_id")
@@ -656,7 +659,9 @@ class Federation:
             "runtime": self.transport.runtime_state(),
             "rng": rng_state(),
             "evaluation": self.last_evaluation,
-            "rows": {"clients": self.run_dir.client_rows, "rounds": self.run_dir.round_rows},
+            # only the counts: the rows are in the run directory's CSVs (storing them made every checkpoint
+            # O(rounds x clients)); a resume cuts the CSVs back to these counts
+            "row_counts": {"clients": len(self.run_dir.client_rows), "rounds": len(self.run_dir.round_rows)},
             "logger_run_id": self.tracker.run_id(),
         }
 
@@ -687,6 +692,7 @@ class Federation:
     def save_checkpoint(self) -> Path:
         """Write the round checkpoint atomically and prune old ones; returns its path."""
         path = checkpoint_path(self.run_dir.path, self.round)
+        self.run_dir.sync()  # the rows the checkpoint counts are on disk before it is
         save_checkpoint(path, self.state_dict())
         prune_checkpoints(self.run_dir.path, self.config.keep_checkpoints)
         return path

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
         path: Destination.
         text: Content.
         durable: fsync before the rename (survives a power loss). The per-round CSVs skip it: they are
-            rewritten every round and rebuilt from the checkpoint's rows on resume.
+            fsynced before each checkpoint (:meth:`RunDirectory.sync`) and cut back to its row counts on resume.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -54,18 +55,78 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _csv_text(rows: list[dict[str, Any]]) -> str:
-    """Rows as CSV; the header is the union of keys in first-seen order."""
-    header: dict[str, None] = {}
+def _extend_header(header: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """``header`` followed by the keys of ``rows`` it lacks, in first-seen order (the union of all keys)."""
+    seen = dict.fromkeys(header)
     for row in rows:
-        header.update(dict.fromkeys(row))
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
+def _csv_lines(rows: list[dict[str, Any]], header: list[str], with_header: bool) -> str:
+    """``rows`` as CSV lines under ``header`` (absent keys empty), with the header line first if asked."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(header), restval="", lineterminator="\n")
-    writer.writeheader()
+    writer = csv.DictWriter(buf, fieldnames=header, restval="", lineterminator="\n")
+    if with_header:
+        writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
 
 
+def _csv_text(rows: list[dict[str, Any]]) -> str:
+    """Rows as CSV; the header is the union of keys in first-seen order."""
+    return _csv_lines(rows, _extend_header([], rows), with_header=True)
+
+
+# Columns of metrics.csv / rounds.csv that hold text (everything else holds numbers).
+TEXT_COLUMNS = frozenset({"client"})
+_INT = re.compile(r"-?\d+")
+
+
+def parse_cell(column: str, text: str) -> Any:
+    """A CSV cell back as the value that was written: int, float (``repr`` round-trips exactly) or text.
+
+    Only the columns of :data:`TEXT_COLUMNS` (client ids such as ``"7"``) stay text whatever they look like.
+    """
+    if column in TEXT_COLUMNS:
+        return text
+    if _INT.fullmatch(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return {"True": True, "False": False}.get(text, text)
+
+
+def read_rows(path: Path, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` rows of a CSV written by :class:`RunDirectory`, typed; empty cells are absent keys.
+
+    Raises:
+        ValueError: If the file holds fewer than ``count`` complete rows, naming it.
+    """
+    rows: list[dict[str, Any]] = []
+    if count:
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: the checkpoint counts {count} rows in it")
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            for cells in reader:
+                if len(rows) == count:
+                    break
+                if len(cells) != len(header):  # a row cut short by a kill is never among the counted ones
+                    break
+                rows.append({k: parse_cell(k, v) for k, v in zip(header, cells) if v != ""})
+    if len(rows) < count:
+        raise ValueError(
+            f"{path} holds {len(rows)} complete rows but the checkpoint counts {count}: the run directory's records "
+            "were changed or truncated after the checkpoint was written"
+        )
+    return rows
+
+
+METRICS_CSV = "metrics.csv"
+ROUNDS_CSV = "rounds.csv"
 LOCK_NAME = ".lock"
 RESUME_RECORD = "resume_changes.json"
 
@@ -154,6 +215,7 @@ class RunDirectory:
         self.path = path
         self.client_rows: list[dict[str, Any]] = []
         self.round_rows: list[dict[str, Any]] = []
+        self._headers: dict[str, list[str]] = {}  # per CSV: the header it holds on disk
 
     @classmethod
     def reopen(cls, path: Path, client_rows: list[dict[str, Any]], round_rows: list[dict[str, Any]]) -> RunDirectory:
@@ -173,6 +235,34 @@ class RunDirectory:
         claim(run.path)
         remove_orphan_temps(run.path)
         run.client_rows, run.round_rows = list(client_rows), list(round_rows)
+        run._headers = {}  # the next rows rewrite both files from these rows
+        return run
+
+    @classmethod
+    def resume(cls, path: Path, row_counts: dict[str, int]) -> RunDirectory:
+        """The directory of an interrupted run, its records cut back to the checkpoint's row counts.
+
+        The CSVs are the source of the rows (a checkpoint stores only their counts): the first ``row_counts``
+        rows of ``metrics.csv`` and ``rounds.csv`` are read back and both files are rewritten with exactly them
+        (atomically and durably), dropping what rounds after the checkpoint had appended. The directory is locked
+        first; then the temporary files a killed run left are removed.
+
+        Args:
+            path: The run directory.
+            row_counts: ``{"clients": rows of metrics.csv, "rounds": rows of rounds.csv}`` as the checkpoint
+                saved them.
+
+        Raises:
+            FileNotFoundError: If ``path`` is not a directory.
+            RunDirectoryInUse: If another process holds it.
+            ValueError: If a CSV holds fewer rows than the checkpoint counts.
+        """
+        run = cls.reopen(path, [], [])
+        run.client_rows = read_rows(run.path / METRICS_CSV, int(row_counts["clients"]))
+        run.round_rows = read_rows(run.path / ROUNDS_CSV, int(row_counts["rounds"]))
+        for name, rows in ((METRICS_CSV, run.client_rows), (ROUNDS_CSV, run.round_rows)):
+            run._headers[name] = _extend_header([], rows)
+            atomic_write_text(run.path / name, _csv_lines(rows, run._headers[name], with_header=True))
         return run
 
     def close(self) -> None:
@@ -209,15 +299,45 @@ class RunDirectory:
         atomic_write_text(self.path / "config.yaml", text)
 
     def add_rows(self, client_rows: list[dict[str, Any]], round_row: dict[str, Any]) -> None:
-        """Append one round's rows and rewrite ``metrics.csv`` (per round and client) and ``rounds.csv``."""
+        """Record one round's rows in ``metrics.csv`` (per round and client) and ``rounds.csv``.
+
+        The rows are appended to the files, so a round costs in proportion to its own rows, not to the history;
+        only a row with a column the file lacks yet (e.g. the first evaluation's metrics) rewrites the file
+        (atomically), under the extended header. The content is the same either way: the header is the union of
+        the keys in first-seen order. Appends are not fsynced; :meth:`sync` makes them durable before a checkpoint
+        counts them.
+        """
         self.client_rows.extend(client_rows)
         self.round_rows.append(round_row)
-        atomic_write_text(self.path / "metrics.csv", _csv_text(self.client_rows), durable=False)
-        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows), durable=False)
+        self._record(METRICS_CSV, self.client_rows, client_rows)
+        self._record(ROUNDS_CSV, self.round_rows, [round_row])
+
+    def _record(self, name: str, rows: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+        path = self.path / name
+        header = self._headers.get(name)
+        if header is not None and path.is_file() and all(k in header for row in new for k in row):
+            with open(path, "a", encoding="utf-8", newline="") as f:
+                f.write(_csv_lines(new, header, with_header=False))
+            return
+        self._headers[name] = _extend_header(header or [], rows if header is None else new)
+        atomic_write_text(path, _csv_lines(rows, self._headers[name], with_header=True), durable=False)
 
     def rewrite_rounds(self) -> None:
-        """Rewrite ``rounds.csv`` after entries were added to a recorded round row."""
-        atomic_write_text(self.path / "rounds.csv", _csv_text(self.round_rows), durable=False)
+        """Rewrite ``rounds.csv`` after entries were added to a recorded round row (one row per round: small)."""
+        self._headers[ROUNDS_CSV] = _extend_header(self._headers.get(ROUNDS_CSV, []), self.round_rows[-1:])
+        text = _csv_lines(self.round_rows, self._headers[ROUNDS_CSV], with_header=True)
+        atomic_write_text(self.path / ROUNDS_CSV, text, durable=False)
+
+    def sync(self) -> None:
+        """Flush the CSVs to disk (fsync), so that a checkpoint written next never counts rows a crash could lose."""
+        for name in (METRICS_CSV, ROUNDS_CSV):
+            path = self.path / name
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """The final evaluation table as ``summary.json``."""
