@@ -1,21 +1,48 @@
-"""PNG figures of a run: learning curves and the partition of the data over clients."""
+"""PNG figures of a run: learning curves and the partition of the data over clients.
+
+Up to :data:`MANY_CLIENTS` clients the figures draw one bar or line per client; beyond, distributions and heat maps
+whose number of artists does not grow with the clients (a figure of 1,000 clients draws as fast as one of 50, and
+stays readable). matplotlib is imported on the first figure, not with this module (a run without plots, and
+``--help``, never load it).
+"""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+# Above this many clients, figures show distributions and heat maps instead of one bar or line per client.
+MANY_CLIENTS = 50
+
+
+_PYPLOT: list[Any] = []  # pyplot, once imported
+
+
+def _pyplot() -> Any:
+    """Matplotlib's pyplot, chosen the non-interactive Agg backend on first use (files only; needs no display)."""
+    if not _PYPLOT:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        _PYPLOT.append(plt)
+    return _PYPLOT[0]
 
 
 def plot_curves(client_rows: list[dict[str, Any]], path: Path, metric: str = "acc") -> bool:
     """Per-client (thin) and mean (thick) test ``metric`` per round, one panel per evaluated model.
+
+    Beyond :data:`MANY_CLIENTS` clients: the mean, the worst client and the 10–90 % and 25–75 % bands of the
+    clients per round instead of one line per client.
 
     Args:
         client_rows: The rows of ``metrics.csv`` (``round``, ``client``, ``global/acc``, ``personal/acc``, …).
@@ -26,31 +53,67 @@ def plot_curves(client_rows: list[dict[str, Any]], path: Path, metric: str = "ac
         Whether a figure was written (False if no round was evaluated yet).
 
     """
+    fig = curves_figure(client_rows, metric)
+    if fig is None:
+        return False
+    _save(fig, path)
+    return True
+
+
+def curve_series(client_rows: list[dict[str, Any]], model: str, metric: str) -> dict[str, list[tuple[int, float]]]:
+    """``{client: [(round, value), …]}`` of ``<model>/<metric>`` over the rows that hold a number for it."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    key = f"{model}/{metric}"
+    for row in client_rows:
+        value = _num(row.get(key))
+        if value is not None:
+            series[str(row["client"])].append((int(row["round"]), value))
+    return series
+
+
+def by_round(series: dict[str, list[tuple[int, float]]]) -> tuple[list[int], list[np.ndarray]]:
+    """The evaluated rounds in order and, per round, the values of the clients evaluated in it."""
+    values: dict[int, list[float]] = defaultdict(list)
+    for points in series.values():
+        for r, v in points:
+            values[r].append(v)
+    rounds = sorted(values)
+    return rounds, [np.asarray(values[r], dtype=float) for r in rounds]
+
+
+def curves_figure(client_rows: list[dict[str, Any]], metric: str = "acc") -> Figure | None:
+    """The figure of :func:`plot_curves`, or None if no round was evaluated yet."""
     models = [m for m in ("global", "personal") if any(_num(r.get(f"{m}/{metric}")) is not None for r in client_rows)]
     if not models:
-        return False
+        return None
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False, sharey=True)
+    many = False
     for ax, model in zip(axes[0], models):
-        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for row in client_rows:
-            value = _num(row.get(f"{model}/{metric}"))
-            if value is not None:
-                series[str(row["client"])].append((int(row["round"]), value))
-        for cid, points in sorted(series.items()):
-            ax.plot(*zip(*points), lw=1, alpha=0.6, label=cid)
-        by_round: dict[int, list[float]] = defaultdict(list)
-        for points in series.values():
-            for r, v in points:
-                by_round[r].append(v)
-        rounds = sorted(by_round)
-        ax.plot(rounds, [np.mean(by_round[r]) for r in rounds], "k-", lw=2.5, label="mean")
-        ax.set_title(f"{model} model: test {metric} per client")
+        series = curve_series(client_rows, model, metric)
+        rounds, values = by_round(series)
+        many = len(series) > MANY_CLIENTS
+        if many:
+            _draw_bands(ax, rounds, values, worst=np.max if metric == "loss" else np.min)
+            ax.set_title(f"{model} model: test {metric} over {len(series)} clients")
+        else:
+            for cid, points in sorted(series.items()):
+                ax.plot(*zip(*points), lw=1, alpha=0.6, label=cid)
+            ax.set_title(f"{model} model: test {metric} per client")
+        ax.plot(rounds, [float(v.mean()) for v in values], "k-", lw=2.5, label="mean")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric)
-    axes[0][-1].legend(fontsize=7, ncol=2 if len(series) > 8 else 1, loc="lower right")
-    _save(fig, path)
-    return True
+    axes[0][-1].legend(fontsize=7, ncol=2 if not many and len(series) > 8 else 1, loc="best" if many else "lower right")
+    return fig
+
+
+def _draw_bands(ax: Axes, rounds: list[int], values: list[np.ndarray], worst: Any) -> None:
+    """Quantile bands of the clients' values per round and the worst client (a fixed number of artists)."""
+    q = np.array([np.percentile(v, [10, 25, 75, 90]) for v in values])
+    ax.fill_between(rounds, q[:, 0], q[:, 3], color="C0", alpha=0.2, lw=0, label="10–90 % of clients")
+    ax.fill_between(rounds, q[:, 1], q[:, 2], color="C0", alpha=0.4, lw=0, label="25–75 % of clients")
+    ax.plot(rounds, [float(worst(v)) for v in values], color="C3", lw=1, ls="--", label="worst client")
 
 
 def plot_partition(
@@ -60,6 +123,9 @@ def plot_partition(
     label_unit: str = "samples",
 ) -> None:
     """Stacked bars of each client's training labels (and sites/domains, when known).
+
+    Beyond :data:`MANY_CLIENTS` clients: a heat map of each client's share of each class (site) and the
+    distribution of the clients' sizes, instead of one bar per client and class (quadratic to draw).
 
     Args:
         label_counts: ``{client: counts per class}``.
@@ -73,15 +139,18 @@ def plot_partition(
 
 def partition_figure(
     label_counts: dict[str, np.ndarray], domain_counts: dict[str, np.ndarray] | None, label_unit: str
-) -> plt.Figure:
+) -> Figure:
     """The figure of :func:`plot_partition`."""
     panels = [("class", label_counts, label_unit)]
     if domain_counts:
         panels.append(("site / domain", domain_counts, "samples"))
+    plt = _pyplot()
+    if len(label_counts) > MANY_CLIENTS:
+        return _partition_heatmaps(plt, panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, (name, counts, unit) in zip(axes[0], panels):
         clients = list(counts)
-        matrix = np.stack([np.asarray(counts[c], dtype=float) for c in clients])
+        matrix = count_matrix(counts)
         bottom = np.zeros(len(clients))
         cmap = plt.get_cmap("tab10" if matrix.shape[1] <= 10 else "tab20")
         for k in range(matrix.shape[1]):
@@ -90,6 +159,49 @@ def partition_figure(
         ax.set_title(f"training {unit} per client, by {name}")
         ax.tick_params(axis="x", rotation=45 if len(clients) > 6 else 0)
         ax.legend(title=name, fontsize=7, ncol=1 + matrix.shape[1] // 10, loc="upper right")
+    return fig
+
+
+def count_matrix(counts: dict[str, np.ndarray]) -> np.ndarray:
+    """``counts`` as a clients × categories float matrix, in the clients' order."""
+    return np.stack([np.asarray(c, dtype=float) for c in counts.values()])
+
+
+def shares(matrix: np.ndarray) -> np.ndarray:
+    """Each row of ``matrix`` divided by its sum (rows without counts stay zero)."""
+    totals = matrix.sum(1, keepdims=True)
+    return np.divide(matrix, totals, out=np.zeros_like(matrix), where=totals > 0)
+
+
+def dominant_order(share: np.ndarray) -> np.ndarray:
+    """Client order for a heat map: by the category of their largest share, then by that share (largest first)."""
+    top = share.argmax(1)
+    return np.lexsort((-share[np.arange(len(share)), top], top))
+
+
+def _partition_heatmaps(plt: Any, panels: list[tuple[str, dict[str, np.ndarray], str]]) -> Figure:
+    """Many clients: per panel, each client's share of each category as one image, and the clients' sizes."""
+    fig, axes = plt.subplots(
+        2, len(panels), figsize=(7 * len(panels), 6), squeeze=False, gridspec_kw={"height_ratios": [3, 1.4]}
+    )
+    for col, (name, counts, unit) in enumerate(panels):
+        matrix = count_matrix(counts)
+        ax = axes[0][col]
+        share = shares(matrix)
+        image = ax.imshow(
+            share[dominant_order(share)].T, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1
+        )
+        ax.set_title(f"training {unit} per client, by {name}")
+        ax.set_xlabel(f"{len(counts)} clients, sorted by their largest {name}")
+        ax.set_ylabel(name)
+        ax.set_yticks(range(matrix.shape[1]))
+        fig.colorbar(image, ax=ax, label=f"share of the client's {unit}")
+        sizes = matrix.sum(1)
+        hist = axes[1][col]
+        hist.hist(sizes, bins=min(30, max(5, len(set(sizes.tolist())))), color="C0")
+        hist.set_xlabel(f"training {unit} per client")
+        hist.set_ylabel("clients")
+        hist.set_title(f"client sizes: median {np.median(sizes):.0f}, min {sizes.min():.0f}, max {sizes.max():.0f}")
     return fig
 
 
@@ -102,6 +214,7 @@ def plot_node_matrix(matrix: dict[str, dict[str, dict[str, Any]]], path: Path, m
         metric: The metric to show.
 
     """
+    plt = _pyplot()
     nodes = list(matrix)
     values = np.array([[_num(matrix[h][t].get(metric)) or np.nan for t in nodes] for h in nodes], dtype=float)
     fig, ax = plt.subplots(figsize=(1.2 * len(nodes) + 2, 1.0 * len(nodes) + 1.5))
@@ -126,9 +239,9 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(out) else out
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     tmp.replace(path)
