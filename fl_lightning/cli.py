@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ from fl_lightning.engines import distributed
 from fl_lightning.federation import Federation
 from fl_lightning.run_dir import json_safe
 from fl_lightning.runtime import ClientRuntime
+
+# main() passes the command line to LightningCLI itself (the ranks and the serialized runtime add to it): intended.
+warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
 
 # The shared Trainer trains every client in turn; these are the settings that make that correct and quiet.
 TRAINER_DEFAULTS: dict[str, Any] = {
