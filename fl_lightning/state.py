@@ -1,9 +1,8 @@
-"""Plain containers for what the Federation holds and what clients upload."""
+"""Plain containers for what the server holds (what clients send is a :class:`~fl_lightning.protocol.Reply`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -31,29 +30,3 @@ class ModelGroup:
     state: StateDict
     members: list[str]
     subsets: dict[str, Tensor] | None = None
-
-
-@dataclass
-class ClientUpdate:
-    """What one client uploads after its local fit; callbacks may change it in ``on_client_end``.
-
-    Attributes:
-        client_id: The client.
-        group: Name of the group it trained.
-        state: The client's full state dict after training (CPU copies).
-        num_samples: Training samples the client used (n_i).
-        weight: Aggregation weight before normalisation (n_i, or 1 for uniform).
-        num_steps: Optimiser steps taken (τ_i).
-        metrics: Training metrics of the fit (``train_loss``, …).
-        extras: Method-specific uploads (e.g. SCAFFOLD's control variate delta).
-
-    """
-
-    client_id: str
-    group: str
-    state: StateDict
-    num_samples: int
-    weight: float
-    num_steps: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
