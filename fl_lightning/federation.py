@@ -337,7 +337,12 @@ class Federation:
             r + 1, list(self.data.client_ids), self._expand(selected), self._expand(failed), trained, evaluation
         )
         self.run_dir.add_rows(rows, round_row)
-        self.tracker.log_round(r + 1, records.logged_metrics(round_row, trained, evaluation))
+        per_client = records.per_client_keys(len(self.data.client_ids))  # else one table per round, not N keys
+        self.tracker.log_round(
+            r + 1,
+            records.logged_metrics(round_row, trained, evaluation, per_client=per_client),
+            clients=None if per_client else records.client_table(trained, evaluation),
+        )
         recorded = set(round_row)
         for cb in self.callbacks:
             cb.on_round_end(self, r, round_row)
@@ -531,6 +536,14 @@ class Federation:
                 return group
         raise KeyError(f"client {client_id!r} belongs to no model group")
 
+    def _serving_groups(self) -> dict[str, ModelGroup]:
+        """:meth:`group_of` for every client at once (one pass over the groups instead of one per client)."""
+        out: dict[str, ModelGroup] = {}
+        for group in self.groups:
+            for cid in self.data.client_ids if POOLED in group.members else group.members:
+                out.setdefault(cid, group)
+        return out
+
     def evaluation_clients(self, r: int) -> list[str]:
         """Clients evaluated in round ``r`` (0-based): all, or with ``eval_clients`` a seeded sample except last."""
         ids = list(self.data.client_ids)
@@ -568,16 +581,11 @@ class Federation:
         )
         parts = []
         options = {"global": self.has_global_model, "outputs": pooled}
+        serving = self._serving_groups()
         tasks = [
-            Task(
-                protocol.EVALUATE,
-                self.round,
-                cid,
-                self.group_of(cid).name,
-                state=self.group_of(cid).state,
-                options=options,
-            )
+            Task(protocol.EVALUATE, self.round, cid, group.name, state=group.state, options=options)
             for cid in self.evaluated_clients
+            for group in [serving.get(cid) or self.group_of(cid)]  # group_of raises for a client of no group
         ]
         for cid, reply in zip(self.evaluated_clients, self.transport.stream(tasks)):
             for model in ("global", "personal"):

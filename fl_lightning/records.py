@@ -30,13 +30,26 @@ def client_rows(
     return rows
 
 
+# Up to this many clients in a run, the loggers get per-client keys (``client/<id>/...``); beyond, one table and a
+# histogram per metric per round (W&B) instead of thousands of keys (metrics.csv holds every client's rows anyway).
+PER_CLIENT_KEYS_MAX = 50
+
+
+def per_client_keys(num_clients: int) -> bool:
+    """Whether a run of ``num_clients`` clients logs per-client keys (else tables, see :func:`client_table`)."""
+    return num_clients <= PER_CLIENT_KEYS_MAX
+
+
 def logged_metrics(
-    round_row: dict[str, Any], trained: dict[str, dict[str, Any]], evaluation: dict[str, Any]
+    round_row: dict[str, Any],
+    trained: dict[str, dict[str, Any]],
+    evaluation: dict[str, Any],
+    per_client: bool = True,
 ) -> dict[str, float]:
     """Round-level metrics for the loggers, with slash-prefixed keys.
 
     ``time/*``, ``throughput/*``, ``round/*`` and ``eval/<model>/<metric>`` (mean over clients, plus
-    ``_std`` and ``_worst``), ``eval/pooled/<metric>``, ``client/<id>/train/<metric>`` and
+    ``_std`` and ``_worst``), ``eval/pooled/<metric>``, and with ``per_client`` ``client/<id>/train/<metric>`` and
     ``client/<id>/eval/<model>/<metric>``.
     """
     out = {k: float(v) for k, v in round_row.items() if "/" in k}
@@ -47,12 +60,34 @@ def logged_metrics(
             out[f"eval/{model}/{metric}_worst"] = s["worst"]
     for metric, value in evaluation.get("pooled", {}).items():
         out[f"eval/pooled/{metric}"] = value
+    if not per_client:
+        return out
     for cid, metrics in trained.items():
         out.update({f"client/{cid}/train/{k.removeprefix('train_')}": float(v) for k, v in metrics.items()})
     for model, per_client in evaluation.get("clients", {}).items():
         for cid, metrics in per_client.items():
             out.update({f"client/{cid}/eval/{model}/{k}": v for k, v in metrics.items()})
     return out
+
+
+def client_table(trained: dict[str, dict[str, Any]], evaluation: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """One round's per-client metrics as a table: columns and one row per client that trained or was evaluated.
+
+    Columns: ``client``, ``train/<metric>`` (the keys of :func:`logged_metrics`' ``client/<id>/train/...`` without
+    the prefix) and ``eval/<model>/<metric>``; a client without a value has None there. Clients appear in the order
+    they trained, then the evaluated ones in the evaluation's order.
+    """
+    values: dict[str, dict[str, Any]] = {}
+    for cid, metrics in trained.items():
+        values.setdefault(cid, {}).update({f"train/{k.removeprefix('train_')}": v for k, v in metrics.items()})
+    for model, per_client in evaluation.get("clients", {}).items():
+        for cid, metrics in per_client.items():
+            values.setdefault(cid, {}).update({f"eval/{model}/{k}": v for k, v in metrics.items()})
+    columns: dict[str, None] = {}
+    for row in values.values():
+        columns.update(dict.fromkeys(row))
+    header = ["client", *columns]
+    return header, [[cid, *(row.get(c) for c in columns)] for cid, row in values.items()]
 
 
 def summary_table(

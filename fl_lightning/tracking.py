@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -52,17 +53,29 @@ class RoundTracker:
             if config is not None and run_id is None:  # a resumed run logged its config already
                 logger.log_hyperparams(config)
 
-    def log_round(self, round_idx: int, metrics: dict[str, float]) -> None:
-        """Log one round's metrics with the round (1-based) as the step."""
+    def log_round(
+        self, round_idx: int, metrics: dict[str, float], clients: tuple[list[str], list[list[Any]]] | None = None
+    ) -> None:
+        """Log one round's metrics with the round (1-based) as the step.
+
+        Args:
+            round_idx: The round (1-based).
+            metrics: Round-level metrics (:func:`fl_lightning.records.logged_metrics`).
+            clients: With many clients, the round's per-client metrics as one table (columns, rows; see
+                :func:`fl_lightning.records.client_table`) instead of per-client keys in ``metrics``. W&B gets a
+                histogram of each metric over the clients (``clients/<metric>``) and, on evaluation rounds, the
+                table itself (``clients/table``); other loggers take no tables (``metrics.csv`` has every row).
+        """
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
+                logged = {**metrics, **(client_media(*clients) if clients and clients[1] else {})}
                 # WandbLogger's own glob "*" (x-axis trainer/global_step) also matches these keys, and W&B picks
                 # one matching glob at random; a definition by exact name takes precedence over every glob.
                 defined = self._defined.setdefault(id(logger), set())
-                for key in sorted(metrics.keys() - defined):
+                for key in sorted(logged.keys() - defined):
                     logger.experiment.define_metric(key, step_metric="round")
-                defined.update(metrics)
-                logger.experiment.log({**metrics, "round": round_idx})
+                defined.update(logged)
+                logger.experiment.log({**logged, "round": round_idx})
             else:
                 logger.log_metrics(metrics, step=round_idx)
 
@@ -80,6 +93,32 @@ class RoundTracker:
             if isinstance(logger, WandbLogger):
                 return logger.version
         return None
+
+
+CLIENT_TABLE_KEY = "clients/table"
+
+
+def client_media(columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
+    """W&B objects for a round's per-client table: a histogram per numeric column, the table on evaluation rounds.
+
+    Args:
+        columns: ``client`` then the metric columns.
+        rows: One row per client (None where a client has no value).
+
+    Returns:
+        ``{"clients/<metric>": wandb.Histogram, "clients/table": wandb.Table}`` (the table only when a column is
+        an evaluation metric).
+    """
+    import wandb  # only runs that log to W&B import it, and only once the logger is in use
+
+    out: dict[str, Any] = {}
+    for j, column in enumerate(columns[1:], start=1):
+        values = [v for v in (row[j] for row in rows) if isinstance(v, (int, float)) and math.isfinite(v)]
+        if values:
+            out[f"clients/{column}"] = wandb.Histogram(values)
+    if any(c.startswith("eval/") for c in columns):
+        out[CLIENT_TABLE_KEY] = wandb.Table(columns=columns, data=rows)
+    return out
 
 
 def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:

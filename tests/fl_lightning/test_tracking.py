@@ -180,3 +180,32 @@ def test_tensorboard_logger_writes_round_scalars(tmp_path):
     rounds_csv = read_csv(tmp_path / "r" / "rounds.csv")
     expected = [float(r["eval/global/acc"]) for r in rounds_csv]
     assert [s.value for s in scalars] == pytest.approx(expected, abs=1e-6)  # stored as float32
+
+
+# ------------------------------------------------------------------------------------------------ many clients
+
+
+def test_many_clients_log_a_table_and_histograms_instead_of_per_client_keys(tmp_path, monkeypatch):
+    from fl_lightning import records
+
+    monkeypatch.setattr(records, "PER_CLIENT_KEYS_MAX", 2)  # the tiny run's 5 clients count as many
+    run(tmp_path, "--federation.rounds=3", "--federation.eval_every=2")
+    history, _, metrics = history_and_config(wandb_files(tmp_path / "r")[0])
+    by_round = {int(float(row["round"])): row for row in history if "round" in row}
+    assert sorted(by_round) == [1, 2, 3]
+    kind = lambda row, key: json.loads(row.get(f"{key}/_type", "null"))  # noqa: E731 - W&B nests media fields
+    for r, row in by_round.items():
+        assert not any(k.startswith("client/") for k in row), r  # no per-client keys
+        assert kind(row, "clients/train/loss") == "histogram", sorted(row)
+        assert "eval/global/acc" in row or r == 1
+        assert kind(row, "clients/table") == ("table-file" if r != 1 else None), r  # the table on evaluation rounds
+        assert kind(row, "clients/eval/global/acc") == ("histogram" if r != 1 else None), r
+    assert resolved_step_metrics("clients/table", metrics) == {"round"}
+    assert resolved_step_metrics("clients/eval/global/acc", metrics) == {"round"}
+    # the table holds one row per client with what metrics.csv holds
+    (files_dir,) = (tmp_path / "r").glob("wandb/offline-run-*/files")
+    table = json.loads((files_dir / json.loads(by_round[2]["clients/table/path"])).read_text())
+    rows = {(int(r["round"]), r["client"]): r for r in read_csv(tmp_path / "r" / "metrics.csv")}
+    acc = table["columns"].index("eval/global/acc")
+    logged = {row[0]: row[acc] for row in table["data"]}
+    assert len(logged) == 5 and logged == {c: float(row["global/acc"]) for (r, c), row in rows.items() if r == 2}
