@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 from datamodules.assemble import build_client_splits, convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
@@ -143,6 +142,8 @@ class DigitsFederated(FederatedDataModule):
         return min(self.num_clients, _MAX_DOMAINS)
 
     def _load(self) -> list[ClientSplit]:
+        from sklearn.datasets import load_digits  # scikit-learn only once data is built (not for --help)
+
         digits = load_digits()
         labels = np.asarray(digits.target, dtype=np.int64)
         images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch import Tensor
 
 from datamodules.assemble import convert_channels, resize_images, subsample
@@ -147,6 +146,8 @@ class DigitsSegFederated(FederatedDataModule):
 
     def _scans(self) -> tuple[Tensor, np.ndarray]:
         """The {0, 1, 3, 4} scans resized to the digit size, and their class ids (1 …)."""
+        from sklearn.datasets import load_digits  # scikit-learn only once data is built (not for --help)
+
         digits = load_digits()
         keep = np.isin(digits.target, SEG_DIGITS)
         classes = np.searchsorted(SEG_DIGITS, digits.target[keep]).astype(np.int64) + 1

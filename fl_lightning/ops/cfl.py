@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.cluster import AgglomerativeClustering
 from torch import Tensor
 
 
@@ -41,6 +40,8 @@ def bipartition(updates: Tensor, identical_tol: float = 1e-6) -> list[list[int]]
     sim = cosine_similarities(updates.double())
     if bool((sim > 1 - identical_tol).all()):
         return None
+    from sklearn.cluster import AgglomerativeClustering  # scikit-learn only when a split is tested
+
     labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit_predict(
         (1 - sim).clamp_min(0).numpy()
     )

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from sklearn.cluster import SpectralClustering
 from torch import Tensor
 
 
@@ -33,5 +32,7 @@ def affinity(responsibilities: Sequence[Tensor], present: Sequence[Tensor]) -> T
 
 def spectral_partition(similarity: Tensor, n_clusters: int, seed: int) -> np.ndarray:
     """Cluster ids (0..n_clusters-1) of every sample by spectral clustering of a precomputed affinity."""
+    from sklearn.cluster import SpectralClustering  # scikit-learn only when clustering runs
+
     model = SpectralClustering(n_clusters=n_clusters, affinity="precomputed", random_state=seed, assign_labels="kmeans")
     return model.fit_predict(similarity.numpy())
