@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("flwr", reason="the Flower engine needs the `flower` extra: pip install -e '.[flower]'")
 
 import csv  # noqa: E402
+import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -161,3 +162,20 @@ def test_a_supernode_killed_mid_round_is_a_failed_client_and_rejoins(deployment:
     assert failed[0] == 0 and max(failed) >= 1 and failed[-1] == 0, failed
     last = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r["round"] == str(len(rows))]
     assert {r["client"] for r in last if r.get("train_steps")} == {"site0", "site1"}  # site1 trained again
+
+
+@pytest.mark.slow
+def test_scfl_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path):
+    """DDI's per-class EM, assignment and the selector's own federation, all as query messages to the sites."""
+    overlay = tmp_path / "scfl_small.yaml"
+    overlay.write_text(
+        "trainer:\n  callbacks:\n    - class_path: callbacks.DomainIsolation\n      init_args: {split_round: 1, "
+        "prune_fraction: 0.05, selector_rounds: 2, selector_local_steps: 2, plots: false}\n"
+    )
+    extra = [f"--config={overlay}", "--data.num_clients=2", "--data.num_samples=60", "--data.image_size=16",
+             "--model.width=4", "--federation.rounds=2", "--federation.eval_every=0",
+             "--federation.progress=false"]  # fmt: skip
+    run_dir = deploy(deployment, "configs/scfl_digits_seg.yaml", extra)
+    assert_same_weights(final_state(run_dir), final_state(inprocess(tmp_path, "configs/scfl_digits_seg.yaml", extra)))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["domain_isolation"]["split"] is True
