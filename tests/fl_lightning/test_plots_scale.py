@@ -83,3 +83,12 @@ def test_bands_hold_the_clients_evaluated_in_each_round():
 def test_heat_map_columns_group_clients_by_their_largest_class():
     share = np.array([[0.2, 0.8], [0.9, 0.1], [0.6, 0.4], [0.3, 0.7]])
     assert plots.dominant_order(share).tolist() == [1, 2, 0, 3]
+
+
+def test_one_site_per_client_does_not_get_one_tick_label_per_site():
+    n = 300
+    sites = {f"site{i}": np.eye(1, n, i, dtype=int)[0] * 30 for i in range(n)}  # digits: client i is site i
+    fig = plots.partition_figure(_counts(n, 10), sites, "samples")
+    ticks = [len(ax.get_yticks()) for ax in fig.axes]
+    _close(fig)
+    assert max(ticks) <= 30

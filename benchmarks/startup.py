@@ -1,0 +1,85 @@
+"""Start-up: wall time of ``python train.py --help`` and of a run from process launch to the start of round 1.
+
+The run is ``configs/fedavg_digits.yaml`` with the default logger (W&B offline) and plots, one round. Each
+measurement is a fresh process; ``--repeats`` alternates them and prints the medians. ``--repo`` measures another
+checkout (e.g. a ``git worktree`` of an older commit) with this interpreter, for before/after numbers in one run.
+
+    python benchmarks/startup.py [--repeats 3] [--repo PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Runs in the child: time of the first round's start (wall clock) into the file named by the first argument.
+PROBE = """
+import sys, time
+from pathlib import Path
+from fl_lightning import federation
+out = sys.argv.pop(1)
+original = federation.Federation.run_round
+def probed(self, r):
+    if not Path(out).exists():
+        Path(out).write_text(str(time.time()))
+    return original(self, r)
+federation.Federation.run_round = probed
+from fl_lightning.cli import main
+main()
+"""
+
+
+def help_seconds(repo: Path, env: dict[str, str]) -> float:
+    """Wall time of ``python train.py --help``."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "train.py", "--help"], cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.time() - t0
+
+
+def startup_seconds(repo: Path, env: dict[str, str], out: Path) -> float:
+    """Process launch to the start of round 1 of a one-round FedAvg run on the digits (W&B offline)."""
+    stamp = out / f"stamp-{time.time_ns()}"
+    args = [
+        "--config", "configs/fedavg_digits.yaml", "--federation.rounds=1", f"--federation.output_dir={out}",
+        "--federation.progress=false", "--federation.quiet=true",
+    ]  # fmt: skip
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", PROBE, str(stamp), *args], cwd=repo, env=env, check=True)
+    return float(stamp.read_text()) - t0
+
+
+def main() -> None:
+    """Measure and print medians (JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    args = parser.parse_args()
+    repo = args.repo.resolve()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo), "WANDB_MODE": "offline"}
+    helps, starts = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeats):
+            helps.append(help_seconds(repo, env))
+            starts.append(startup_seconds(repo, env, Path(tmp)))
+    print(
+        json.dumps(
+            {
+                "repo": str(repo),
+                "help_s": statistics.median(helps),
+                "startup_to_round1_s": statistics.median(starts),
+                "help_all": helps,
+                "startup_all": starts,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
