@@ -129,6 +129,9 @@ def table_metrics(summary: dict[str, Any], metric: str = "acc") -> list[str]:
 def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
     """Per-client test metrics of each evaluated model, then mean, std and worst client, then the pooled test set.
 
+    Beyond ``TABLE_CLIENTS`` clients only the worst ones (by ``metric`` of the first model) are listed, with a
+    "… N more" row; mean, std and worst are always over every client.
+
     Classification shows balanced accuracy and AUROC next to ``metric`` (accuracy alone hides a model that
     predicts the majority class); the personal model gets them only where it differs from the global one, so
     a FedAvg table fits 80 columns. The caption names clients without test images and any sign of a collapsed
@@ -146,8 +149,12 @@ def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
     for model, name in columns:
         # fold, not "…": a number cut short reads as another number
         table.add_column(f"{model} {_LABELS.get(name, name)}", justify="right", overflow="fold")
-    for cid, entry in summary["clients"].items():
+    clients = table_clients(summary, models[0] if models else "global", metric)
+    for cid in clients:
+        entry = summary["clients"][cid]
         table.add_row(cid, str(entry["test_samples"]), *[_fmt(entry.get(m, {}).get(name)) for m, name in columns])
+    if len(clients) < len(summary["clients"]):
+        table.add_row(f"… {len(summary['clients']) - len(clients)} more", "", *["" for _ in columns])
     table.add_section()
     for stat in ("mean", "std", "worst"):
         table.add_row(stat, "", *[_fmt(stats[m].get(name, {}).get(stat)) for m, name in columns])
@@ -163,6 +170,28 @@ def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
         table.caption_style = "bold red"
         table.caption_justify = "left"
     return table
+
+
+# Above this many clients the final table lists only the worst ones (every client is in summary.json and metrics.csv).
+TABLE_CLIENTS = 50
+
+
+def table_clients(summary: dict[str, Any], model: str, metric: str, limit: int = TABLE_CLIENTS) -> list[str]:
+    """The clients the final table lists: all of them up to ``limit``, else the ``limit`` worst by ``metric``.
+
+    With many clients (cross-device runs) a row per client would bury the statistics a reader looks for; the
+    worst clients are the ones a fairness-minded reader checks. Clients without the metric come last.
+    """
+    ids = list(summary["clients"])
+    if len(ids) <= limit:
+        return ids
+
+    def key(cid: str) -> tuple[bool, float]:
+        value = summary["clients"][cid].get(model, {}).get(metric)
+        missing = value is None or math.isnan(value)
+        return missing, 0.0 if missing else value
+
+    return sorted(ids, key=key)[:limit]
 
 
 # Column names of the final table (the metric keys of summary.json are longer).

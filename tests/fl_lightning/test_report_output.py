@@ -210,3 +210,21 @@ def test_nan_cells_are_dashes():
     }
     row = next(line for line in render(evaluation_table(summary)).splitlines() if "site0" in line)
     assert "—" in row and "nan" not in row
+
+
+def test_the_final_table_lists_only_the_worst_clients_beyond_fifty():
+    from fl_lightning.report import TABLE_CLIENTS, evaluation_table, table_clients
+
+    clients = {f"c{i:04d}": {"test_samples": 5, "global": {"acc": (i % 97) / 100}} for i in range(1000)}
+    clients["c0500"] = {"test_samples": 0, "global": {}}  # no test images: listed last, if at all
+    stat = {"mean": 0.5, "std": 0.1, "worst": 0.0}
+    summary = {"clients": clients, "summary": {"global": {"acc": stat}}}
+    shown = table_clients(summary, "global", "acc")
+    assert len(shown) == TABLE_CLIENTS and "c0500" not in shown
+    assert max(clients[c]["global"]["acc"] for c in shown) <= 0.05  # the worst ones (11 clients per hundredth)
+    console = Console(file=io.StringIO(), width=200)
+    console.print(evaluation_table(summary))
+    text = console.file.getvalue()
+    assert "… 950 more" in text and text.count("\n") < 80
+    few = {"clients": dict(list(clients.items())[:3]), "summary": summary["summary"]}
+    assert table_clients(few, "global", "acc") == ["c0000", "c0001", "c0002"]  # all of them, in their order
