@@ -28,7 +28,6 @@ the round, and resuming it makes each site load its own state of that round. Pri
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 import time
@@ -113,8 +112,6 @@ class FlowerTransport(Transport):
         self.run_key: str | None = None
         self.last_round = -1
         self.checkpoint_rounds: list[int] = []
-        # Classification's pooled metrics need every test prediction and label on the server: not from real sites.
-        self.pooled_outputs = False
 
     # ------------------------------------------------------------------ nodes
     def node_ids(self) -> list[int]:
@@ -208,8 +205,6 @@ class FlowerTransport(Transport):
         items, nodes = [], []
         for task in tasks:
             node = self._route(task.client_id)
-            if task.kind == protocol.EVALUATE and task.options.get("outputs") and not self.pooled_outputs:
-                task = dataclasses.replace(task, options={**task.options, "outputs": False})
             self.last_round = max(self.last_round, task.round)
             data = protocol.encode(task)
             self.bytes_down += len(data)
@@ -287,9 +282,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     import os
 
     from fl_lightning.cli import build_cli
-    from fl_lightning.clients import ClassificationClient
     from fl_lightning.federation import Federation
-    from fl_lightning.plots import plot_curves
 
     os.environ.setdefault("WANDB_SILENT", "true")
     cfg = {**RUN_DEFAULTS, **run_config}
@@ -308,10 +301,10 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     original = cli.parser.parse_args(args)
     fed_cfg = cli.config_init["federation"]
     transport.keep = fed_cfg.keep_checkpoints
-    # Additive counts (segmentation) may travel; classification's parts are the test predictions and labels.
-    transport.pooled_outputs = not isinstance(cli.model, ClassificationClient)
+    # What a deployment's server may not have (test predictions, the sites' labels for partition.png) the Federation
+    # leaves out itself: this transport is not a simulation's (FlowerTransport.simulation).
     federation = Federation(
-        dataclasses.replace(fed_cfg, plots=False),  # partition.png needs the sites' labels: the server has none
+        fed_cfg,
         module=cli.model,
         datamodule=cli.datamodule,
         trainer=cli.trainer,
@@ -320,11 +313,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         config_dict=original.clone().as_dict(),
         transport=transport,
     )
-    summary = federation.run()
-    if fed_cfg.plots:
-        run_dir = federation.run_dir
-        plot_curves(run_dir.client_rows, run_dir.path / "curves.png", federation.module.primary_metric)
-    return summary
+    return federation.run()
 
 
 server_app = ServerApp()
