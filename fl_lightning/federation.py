@@ -9,8 +9,6 @@ runtime's. Everything a client holds (data, private state, optimiser state) live
 
 from __future__ import annotations
 
-import copy
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -18,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 
 from datamodules.base import FederatedDataModule
@@ -28,19 +25,20 @@ from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_stat
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.environment import environment_record
-from fl_lightning.evaluation import summarise
+from fl_lightning.evaluation import evaluate_nodes, summarise
+from fl_lightning.groups import split_by_clients, split_by_samples
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state
 from fl_lightning.ops.state import StateDict
-from fl_lightning.plots import plot_curves, plot_node_matrix, plot_partition
-from fl_lightning.protocol import Reply, Task
+from fl_lightning.plots import domain_counts, plot_curves, plot_node_matrix, plot_partition
+from fl_lightning.protocol import Task
 from fl_lightning.report import RoundReporter
 from fl_lightning.resume import check_clients_match, check_resume_config, resolve_resume
 from fl_lightning.run_dir import RunDirectory, json_safe
 from fl_lightning.runtime import POOLED, ClientRuntime
-from fl_lightning.selection import num_selected, random_cycle, select_clients
+from fl_lightning.selection import evaluated_clients, random_cycle, training_clients
 from fl_lightning.state import ModelGroup
 from fl_lightning.tracking import RoundTracker
-from fl_lightning.transport import TRANSPORTS, Transport
+from fl_lightning.transport import Transport, make_transport
 
 CHECKPOINT_VERSION = 2  # 2: client state held by the runtime (the client/server boundary)
 
@@ -85,7 +83,9 @@ class Federation:
         self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
         self._check_mode()
         self._check_callbacks()
-        self.transport = transport or self._make_transport(runtime_factory)
+        self.transport = transport or make_transport(
+            config, module, datamodule, trainer, seed, note=self.reporter.note, runtime_factory=runtime_factory
+        )
         self.groups: list[ModelGroup] = []
         self.round = 0
         self.run_dir: RunDirectory | None = None
@@ -111,28 +111,6 @@ class Federation:
                 "client (e.g. FedProx twice adds two proximal terms): configure each method once"
             )
         check_composition(self.callbacks)
-
-    def _make_transport(self, runtime_factory: Callable[[], ClientRuntime] | None) -> Transport:
-        kind = self.config.transport
-        if kind not in TRANSPORTS:
-            raise ValueError(f"federation.transport must be one of {sorted(TRANSPORTS)}, got {kind!r}")
-        if kind == "inprocess":
-            # One module, data and Trainer for both sides: the server prepares the module, the runtime reuses it.
-            runtime = ClientRuntime(
-                self.module, self.data, self.trainer, self.config, self.seed, prepared=True, note=self.reporter.note
-            )
-        elif runtime_factory is not None:
-            runtime = runtime_factory()
-        else:  # the runtime's own copies, taken before the server touches anything
-            runtime = ClientRuntime(
-                copy.deepcopy(self.module),
-                copy.deepcopy(self.data),
-                copy.deepcopy(self.trainer),
-                self.config,
-                self.seed,
-                note=self.reporter.note,
-            )
-        return TRANSPORTS[kind](runtime)
 
     @property
     def device(self) -> torch.device:
@@ -175,11 +153,6 @@ class Federation:
     def optimizer_states(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Simulation introspection: the runtime's kept optimiser states keyed ``(group, client)``."""
         return {(g, c): st for c, groups in self.runtime.optimizer_states.items() for g, st in groups.items()}
-
-    @property
-    def private_keys(self) -> set[str]:
-        """Simulation introspection: the state-dict keys the runtime keeps private."""
-        return self.runtime.private_keys
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -241,20 +214,12 @@ class Federation:
         if self.config_text is not None:
             self.run_dir.write_config(self.config_text)
         self.run_dir.write_json("environment.json", environment_record(self.seed))
-        if cfg.plots and hasattr(self.data, "label_counts"):  # a deployment's server does not know the labels
+        if cfg.plots and self.transport.simulation:  # a deployment's server does not know the sites' labels
             ids = list(self.data.client_ids)
             counts = {c: self.data.label_counts(c).numpy() for c in ids}
             unit = "pixels" if self.data.client_data(ids[0]).train_y.ndim > 1 else "samples"  # masks count pixels
-            plot_partition(counts, self.run_dir.path / "partition.png", self._domain_counts(), unit)
+            plot_partition(counts, self.run_dir.path / "partition.png", domain_counts(self.data), unit)
         return None
-
-    def _domain_counts(self) -> dict[str, Any] | None:
-        """Training samples per site/domain of each client, when the data know them."""
-        domains = {c: self.data.client_data(c).train_domain for c in self.data.client_ids}
-        if any(d is None for d in domains.values()):
-            return None
-        size = int(max(int(d.max()) for d in domains.values() if len(d)) + 1)
-        return {c: torch.bincount(d, minlength=size).numpy() for c, d in domains.items()}
 
     def run_round(self, r: int) -> dict[str, Any]:
         """One round: select → fit tasks → aggregate each group's replies → evaluate → record."""
@@ -287,7 +252,7 @@ class Federation:
                     warnings.warn(f"client {cid!r} failed and is left out of this round: {reply.error}", stacklevel=2)
                     failed.append(cid)
                     continue
-                samples += _samples_trained(reply, self.data.batch_size, cfg.local_steps is not None)
+                samples += records.samples_trained(reply, self.data.batch_size, cfg.local_steps is not None)
                 trained[cid] = {"train_samples": reply.num_samples, "train_steps": reply.num_steps, **reply.metrics}
                 t0 = time.perf_counter()
                 for cb in self.callbacks:
@@ -330,9 +295,7 @@ class Federation:
         }
         if cfg.eval_clients is not None:  # only with sampling on: rounds.csv is unchanged without it
             round_row["round/evaluated_clients"] = len(self.evaluated_clients) if evaluation else 0
-        for model, stats in evaluation.get("summary", {}).items():
-            round_row.update({f"eval/{model}/{m}": s["mean"] for m, s in stats.items()})
-        round_row.update({f"eval/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
+        round_row.update(records.evaluation_means(evaluation))
         rows = records.client_rows(
             r + 1, list(self.data.client_ids), self._expand(selected), self._expand(failed), trained, evaluation
         )
@@ -409,21 +372,12 @@ class Federation:
         ]  # fmt: skip
         return {t.client_id: callback.get_payload(reply) for t, reply in zip(tasks, self.transport.stream(tasks))}
 
-    def _runtime_op(
-        self, kind: str, client_id: str, group: str, state: StateDict | None = None, **options: Any
-    ) -> Reply:
-        return self.transport.request(Task(kind, self.round, client_id, group, state=state, options=options))
-
     # ------------------------------------------------------------------ phases
     def select(self, r: int) -> list[str]:
         """Clients that train in round ``r`` (all of them in local and centralised mode)."""
-        cfg = self.config
-        if cfg.mode == "centralized":
+        if self.config.mode == "centralized":
             return [POOLED]
-        ids = list(self.data.client_ids)
-        if cfg.mode == "local" or cfg.topology == "peer_to_peer":
-            return ids
-        return select_clients(ids, r, self.seed, num_selected(len(ids), cfg.client_fraction, cfg.clients_per_round))
+        return training_clients(list(self.data.client_ids), r, self.seed, self.config)
 
     def num_samples(self, client_id: str, group: ModelGroup | None = None) -> int:
         """Training samples of a client (all clients' for the pooled pseudo-client; n_{i,m} in a sample-level group).
@@ -466,65 +420,30 @@ class Federation:
                 ]
                 list(self.transport.stream(put))
 
-    def _regroup(self, parent: str, children: list[ModelGroup]) -> None:
-        """Tell each member's runtime that its private and optimiser states of ``parent`` go to its new group(s)."""
+    def split_group(self, group: ModelGroup, parts: list[list[str]]) -> list[ModelGroup]:
+        """Replace ``group`` by one group per part of its clients (:func:`~fl_lightning.groups.split_by_clients`).
+
+        The clients' private and optimiser states follow them into their new group.
+        """
+        return self._replace(group, split_by_clients(group, parts))
+
+    def split_samples(self, group: ModelGroup, assignments: dict[str, torch.Tensor], n_parts: int) -> list[ModelGroup]:
+        """Replace ``group`` by sample-level groups (:func:`~fl_lightning.groups.split_by_samples`).
+
+        A client belongs to every part it has samples of, with weight n_{i,m}; its private and optimiser states
+        are copied into each of them.
+        """
+        return self._replace(group, split_by_samples(group, assignments, n_parts, lambda c: self.num_samples(c, group)))
+
+    def _replace(self, group: ModelGroup, children: list[ModelGroup]) -> list[ModelGroup]:
+        """Swap ``group`` for ``children``; each member's runtime moves (or copies) its states there (``regroup``)."""
         targets: dict[str, list[str]] = {}
         for child in children:
             for cid in child.members:
                 targets.setdefault(cid, []).append(child.name)
-        for cid, names in targets.items():
-            self._runtime_op(protocol.REGROUP, cid, parent, **{"from": parent, "to": names})
-
-    def split_group(self, group: ModelGroup, parts: list[list[str]]) -> list[ModelGroup]:
-        """Replace ``group`` by one group per part, each starting from the group's current global state.
-
-        The clients' private and optimiser states follow them into their new group.
-
-        Raises:
-            ValueError: If the parts do not partition the group's members.
-        """
-        if sorted(c for part in parts for c in part) != sorted(group.members) or any(not p for p in parts):
-            raise ValueError(f"split of group {group.name!r}: {parts} is not a partition of {group.members}")
-        children = [
-            ModelGroup(f"{group.name}.{i}", clone_state(group.state), list(part)) for i, part in enumerate(parts)
-        ]
-        self._regroup(group.name, children)
-        at = self.groups.index(group)
-        self.groups[at : at + 1] = children
-        return children
-
-    def split_samples(self, group: ModelGroup, assignments: dict[str, torch.Tensor], n_parts: int) -> list[ModelGroup]:
-        """Replace ``group`` by ``n_parts`` sample-level groups: part m trains on each client's samples assigned m.
-
-        Every part starts from the group's current global state; a client belongs to every part it has
-        samples of, with weight n_{i,m}, and its private and optimiser states are copied into each of them.
-
-        Args:
-            group: The group to split (its members must all be in ``assignments``).
-            assignments: Per member, the part id (0 … n_parts − 1) of each of its training samples.
-            n_parts: Number of parts.
-
-        Returns:
-            The new groups (parts without any sample are left out).
-
-        Raises:
-            ValueError: If a member has no assignment or an assignment does not cover its training samples.
-        """
-        for cid in group.members:
-            a = assignments.get(cid)
-            if a is None or len(a) != self.num_samples(cid, group) or (len(a) and int(a.max()) >= n_parts):
-                raise ValueError(f"split of group {group.name!r}: no valid assignment for client {cid!r}")
-        children = []
-        for m in range(n_parts):
-            subsets = {}
-            for cid in group.members:
-                own = torch.nonzero(assignments[cid] == m).flatten()
-                base = group.subsets[cid] if group.subsets is not None else None
-                if len(own):
-                    subsets[cid] = base[own] if base is not None else own
-            if subsets:
-                children.append(ModelGroup(f"{group.name}.{m}", clone_state(group.state), list(subsets), subsets))
-        self._regroup(group.name, children)
+        options = [{"from": group.name, "to": names} for names in targets.values()]
+        tasks = [Task(protocol.REGROUP, self.round, c, group.name, options=o) for c, o in zip(targets, options)]
+        list(self.transport.stream(tasks))
         at = self.groups.index(group)
         self.groups[at : at + 1] = children
         return children
@@ -546,10 +465,7 @@ class Federation:
 
     def evaluation_clients(self, r: int) -> list[str]:
         """Clients evaluated in round ``r`` (0-based): all, or with ``eval_clients`` a seeded sample except last."""
-        ids = list(self.data.client_ids)
-        if self.config.eval_clients is None or r + 1 >= self.config.rounds:
-            return ids
-        return evaluation_sample(ids, r, self.seed, self.config.eval_clients)
+        return evaluated_clients(list(self.data.client_ids), r, self.seed, self.config)
 
     def evaluate(self, client_ids: list[str] | None = None) -> dict[str, Any]:
         """Evaluate on every client's test set (not only the trained ones), one ``evaluate`` task per client.
@@ -570,7 +486,7 @@ class Federation:
         """
         self.evaluated_clients = list(self.data.client_ids) if client_ids is None else list(client_ids)
         if self.config.topology == "peer_to_peer":
-            return self._evaluate_nodes()
+            return evaluate_nodes(self.transport, self.groups[0], self.evaluated_clients, self.round)
         per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
         pooled = (
             self.has_global_model
@@ -603,28 +519,6 @@ class Federation:
         if pooled and parts:
             out["pooled"] = self.module.metrics_from_parts(self.module.merge_parts(parts))
         return out
-
-    def _evaluate_nodes(self) -> dict[str, Any]:
-        """Peer-to-peer: each node's held model on each node's test set (the model travels via the relay)."""
-        group = self.groups[0]
-        ids = self.evaluated_clients
-        matrix: dict[str, dict[str, dict[str, float]]] = {}
-        take = [Task(protocol.TAKE_PRIVATE, self.round, c, group.name) for c in ids]
-        held = {t.client_id: reply.state or {} for t, reply in zip(take, self.transport.stream(take))}
-        for holder in ids:
-            state = {**group.state, **held[holder]}
-            options = {"global": True, "personal": False}
-            tasks = [Task(protocol.EVALUATE, self.round, t, group.name, state=state, options=options) for t in ids]
-            matrix[holder] = {
-                t.client_id: reply.metrics["global"] for t, reply in zip(tasks, self.transport.stream(tasks))
-            }
-        personal = {c: matrix[c][c] for c in ids}
-        pairs = {f"{h}->{t}": m for h, row in matrix.items() for t, m in row.items()}
-        return {
-            "clients": {"personal": personal},
-            "summary": {"personal": summarise(personal), "cross": summarise(pairs)},
-            "node_matrix": matrix,
-        }
 
     def summary(self) -> dict[str, Any]:
         """The final evaluation table (what ``summary.json`` holds)."""
@@ -704,27 +598,3 @@ class Federation:
         save_checkpoint(path, self.state_dict())
         prune_checkpoints(self.run_dir.path, self.config.keep_checkpoints)
         return path
-
-
-def evaluation_sample(client_ids: list[str], round_idx: int, seed: int, eval_clients: int | float) -> list[str]:
-    """The clients evaluated in round ``round_idx`` (0-based) under ``federation.eval_clients``, in the data's order.
-
-    A float is a fraction of the clients (at least one), an int a count (at most all). The draw depends only on
-    (seed, round) and uses its own stream (not client selection's), so a resumed run draws the same sample.
-    """
-    n = len(client_ids)
-    k = max(1, round(eval_clients * n)) if isinstance(eval_clients, float) else int(eval_clients)
-    if k >= n:
-        return list(client_ids)
-    chosen = np.random.default_rng([seed, round_idx, 2]).choice(n, size=k, replace=False)
-    keep = set(chosen.tolist())
-    return [cid for i, cid in enumerate(client_ids) if i in keep]
-
-
-def _samples_trained(reply: Reply, batch_size: int, fixed_steps: bool) -> int:
-    """Samples in the reply's batches: all full, except each epoch's last one when a client trains epochs."""
-    if fixed_steps:  # the sampler draws exactly steps * batch_size samples
-        return reply.num_steps * batch_size
-    per_epoch = math.ceil(reply.num_samples / batch_size)
-    epochs, rest = divmod(reply.num_steps, per_epoch)
-    return epochs * reply.num_samples + rest * batch_size

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -246,3 +247,12 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(tmp, dpi=110)
     _pyplot().close(fig)
     tmp.replace(path)
+
+
+def domain_counts(data: Any) -> dict[str, Any] | None:
+    """Training samples per site/domain of each client (for ``partition.png``), when the data know them."""
+    domains = {c: data.client_data(c).train_domain for c in data.client_ids}
+    if any(d is None for d in domains.values()):
+        return None
+    size = int(max(int(d.max()) for d in domains.values() if len(d)) + 1)
+    return {c: torch.bincount(d, minlength=size).numpy() for c, d in domains.items()}

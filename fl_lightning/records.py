@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fl_lightning.collapse import detect_collapse
+
+if TYPE_CHECKING:
+    from fl_lightning.protocol import Reply
 
 MODELS = ("global", "personal")
 
@@ -185,3 +189,23 @@ def _ordered(names: Iterable[str]) -> list[str]:
     """``global`` and ``personal`` first, then the other names in their order."""
     names = list(names)
     return [m for m in MODELS if m in names] + [m for m in names if m not in MODELS]
+
+
+def evaluation_means(evaluation: dict[str, Any]) -> dict[str, float]:
+    """The round row's evaluation entries: ``eval/<model>/<metric>`` (client mean) and ``eval/pooled/<metric>``."""
+    out = {
+        f"eval/{model}/{m}": s["mean"]
+        for model, stats in evaluation.get("summary", {}).items()
+        for m, s in stats.items()
+    }
+    out.update({f"eval/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
+    return out
+
+
+def samples_trained(reply: Reply, batch_size: int, fixed_steps: bool) -> int:
+    """Samples in the reply's batches: all full, except each epoch's last one when a client trains epochs."""
+    if fixed_steps:  # the sampler draws exactly steps * batch_size samples
+        return reply.num_steps * batch_size
+    per_epoch = math.ceil(reply.num_samples / batch_size)
+    epochs, rest = divmod(reply.num_steps, per_epoch)
+    return epochs * reply.num_samples + rest * batch_size

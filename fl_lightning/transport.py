@@ -8,12 +8,19 @@ across the boundary but messages.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import copy
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from fl_lightning import protocol
 from fl_lightning.protocol import Reply, Task
 from fl_lightning.runtime import ClientRuntime
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from datamodules.base import FederatedDataModule
+    from fl_lightning.config import FederationConfig
 
 
 class Transport:
@@ -107,3 +114,35 @@ class SerializedTransport(Transport):
 
 
 TRANSPORTS: dict[str, type[Transport]] = {"inprocess": InProcessTransport, "serialized": SerializedTransport}
+
+
+def make_transport(
+    config: FederationConfig,
+    module: L.LightningModule,
+    data: FederatedDataModule,
+    trainer: L.Trainer,
+    seed: int,
+    note: Callable[[str], None] | None = None,
+    runtime_factory: Callable[[], ClientRuntime] | None = None,
+) -> Transport:
+    """The transport ``config.transport`` names, with its client runtime.
+
+    ``inprocess``: one module, data and Trainer for both sides (the server prepares the module, the runtime
+    reuses it). ``serialized``: the runtime ``runtime_factory`` builds (the CLI instantiates the config again), or
+    deep copies taken now, before the server touches anything.
+
+    Raises:
+        ValueError: For an unknown transport, naming the key.
+    """
+    kind = config.transport
+    if kind not in TRANSPORTS:
+        raise ValueError(f"federation.transport must be one of {sorted(TRANSPORTS)}, got {kind!r}")
+    if kind == "inprocess":
+        runtime = ClientRuntime(module, data, trainer, config, seed, prepared=True, note=note)
+    elif runtime_factory is not None:
+        runtime = runtime_factory()
+    else:
+        runtime = ClientRuntime(
+            copy.deepcopy(module), copy.deepcopy(data), copy.deepcopy(trainer), config, seed, note=note
+        )
+    return TRANSPORTS[kind](runtime)

@@ -164,13 +164,16 @@ class DistributedTransport(Transport):
             replies[i] = self.runtime.handle(tasks[i])
             self.bytes_up += protocol.encoded_size(replies[i])
             self._count(0, tasks[i], replies[i])
-        self._seconds[0] += time.perf_counter() - t0 if local and tasks[local[0]].kind == protocol.FIT else 0.0
+        fit = bool(tasks) and tasks[0].kind == protocol.FIT  # a batch holds one kind of task; throughput counts fits
+        if fit:
+            self._seconds[0] += time.perf_counter() - t0
         for rank, indices in remote.items():
             answer = self._collect(rank)
             for i, reply in zip(indices, answer["replies"], strict=True):
                 replies[i] = reply
                 self._count(rank, tasks[i], reply)
-            self._seconds[rank] += answer["seconds"] if tasks[indices[0]].kind == protocol.FIT else 0.0
+            if fit:
+                self._seconds[rank] += answer["seconds"]
         for work in pending:
             work.wait()
         yield from replies

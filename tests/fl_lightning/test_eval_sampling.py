@@ -12,8 +12,7 @@ import torch
 from fl_lightning import protocol
 from fl_lightning.config import FederationConfig
 from fl_lightning.config_diff import diff_configs
-from fl_lightning.federation import evaluation_sample
-from fl_lightning.selection import select_clients
+from fl_lightning.selection import evaluation_sample, select_clients
 from tests.conftest import build_federation, tiny_data
 
 IDS = [f"site{i}" for i in range(20)]
