@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
@@ -32,7 +34,10 @@ class RoundTracker:
     other than the default ``.``;
     ``round`` is declared the x-axis of every round-level key (``eval/*``, ``client/*``, ``time/*``,
     ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap
-    nor restart; a resumed run continues the same W&B run id.
+    nor restart; a resumed run continues the same W&B run id. An offline W&B run is opened in a background
+    thread (its service takes ≈ 1–2 s to start, time the first round uses instead); the first call that needs it
+    waits for it and raises what opening it raised. An online run opens before the first round, so a login or
+    network error stops the run before any training.
 
     Args:
         loggers: The Trainer's loggers (may be empty).
@@ -44,14 +49,41 @@ class RoundTracker:
         if self.loggers:  # Lightning's logging-interval warning only comes with a logger
             silence_unactionable_warnings()
         self._defined: dict[int, set[str]] = {}  # per W&B logger: keys given "round" as their x-axis by name
+        self._opening: dict[int, _Opening] = {}  # per W&B logger being opened in the background
+
+    @classmethod
+    def take_from(cls, trainer: Trainer) -> RoundTracker:
+        """A tracker of the Trainer's loggers, which the Trainer then gives up.
+
+        Metrics reach the loggers per round through the tracker only; a Trainer that kept them would open the W&B
+        run at every client fit's setup (Lightning's ``_call_setup_hook``), racing the background opening.
+        """
+        tracker = cls(trainer.loggers)
+        trainer.loggers = []
+        return tracker
 
     def start(self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None) -> None:
         """Open the experiments (continuing ``run_id`` on W&B) and log the config once."""
+        config = config if run_id is None else None  # a resumed run logged its config already
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
-                _prepare_wandb(logger, run_dir, run_id)
-            if config is not None and run_id is None:  # a resumed run logged its config already
+                opening = _Opening(logger, run_dir, run_id, config)
+                if logger._offline:
+                    self._opening[id(logger)] = opening
+                    opening.start()
+                else:
+                    opening.run()
+                    opening.result()
+            elif config is not None:
                 logger.log_hyperparams(config)
+
+    def _wandb(self, logger: WandbLogger) -> Any:
+        """The logger's W&B run, once it is open (waits for the background opening; raises what it raised)."""
+        opening = self._opening.pop(id(logger), None)
+        if opening is not None:
+            opening.join()
+            opening.result()
+        return logger.experiment
 
     def log_round(
         self, round_idx: int, metrics: dict[str, float], clients: tuple[list[str], list[list[Any]]] | None = None
@@ -72,16 +104,19 @@ class RoundTracker:
                 # WandbLogger's own glob "*" (x-axis trainer/global_step) also matches these keys, and W&B picks
                 # one matching glob at random; a definition by exact name takes precedence over every glob.
                 defined = self._defined.setdefault(id(logger), set())
+                experiment = self._wandb(logger)
                 for key in sorted(logged.keys() - defined):
-                    logger.experiment.define_metric(key, step_metric="round")
+                    experiment.define_metric(key, step_metric="round")
                 defined.update(logged)
-                logger.experiment.log({**logged, "round": round_idx})
+                experiment.log({**logged, "round": round_idx})
             else:
                 logger.log_metrics(metrics, step=round_idx)
 
     def finish(self, status: str = "success") -> None:
         """Flush and close every logger."""
         for logger in self.loggers:
+            if isinstance(logger, WandbLogger) and (id(logger) in self._opening or logger._experiment is not None):
+                self._wandb(logger)
             logger.finalize(status)
             if isinstance(logger, WandbLogger) and logger._experiment is not None:
                 logger.experiment.finish()
@@ -91,6 +126,8 @@ class RoundTracker:
         """The W&B run id (what a checkpoint stores to continue the same run), if any."""
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
+                if id(logger) in self._opening:
+                    self._wandb(logger)
                 return logger.version
         return None
 
@@ -119,6 +156,37 @@ def client_media(columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
     if any(c.startswith("eval/") for c in columns):
         out[CLIENT_TABLE_KEY] = wandb.Table(columns=columns, data=rows)
     return out
+
+
+class _Opening(threading.Thread):
+    """Opens one W&B run (init arguments, the "round" x-axis, the config) and keeps what it raised.
+
+    Args:
+        logger: The W&B logger.
+        run_dir: The run directory (W&B's files go there unless the user chose a ``save_dir``).
+        run_id: The W&B run id to continue (a resumed run), or None.
+        config: The resolved config to log, or None.
+
+    """
+
+    def __init__(self, logger: WandbLogger, run_dir: Path, run_id: str | None, config: dict[str, Any] | None):
+        super().__init__(name="wandb-open", daemon=True)
+        self.logger, self.run_dir, self.run_id, self.config = logger, run_dir, run_id, config
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        """Open the run; an error is kept for :meth:`result` (a thread's exception would only be printed)."""
+        try:
+            _prepare_wandb(self.logger, self.run_dir, self.run_id)
+            if self.config is not None:
+                self.logger.log_hyperparams(self.config)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the thread that waits for the run
+            self.error = err
+
+    def result(self) -> None:
+        """Raise what opening the run raised, if anything."""
+        if self.error is not None:
+            raise self.error
 
 
 def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:

@@ -3,6 +3,7 @@
 import csv
 import json
 import signal
+import traceback
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,56 @@ def test_many_clients_log_a_table_and_histograms_instead_of_per_client_keys(tmp_
     acc = table["columns"].index("eval/global/acc")
     logged = {row[0]: row[acc] for row in table["data"]}
     assert len(logged) == 5 and logged == {c: float(row["global/acc"]) for (r, c), row in rows.items() if r == 2}
+
+
+def test_offline_wandb_opens_in_the_background_and_its_error_reaches_the_first_log(tmp_path, monkeypatch):
+    """Offline: start() returns before W&B is open; a failure to open it is raised where the run is first needed."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from fl_lightning import tracking
+
+    opened = []
+
+    def slow_failure(logger, run_dir, run_id):
+        opened.append(run_dir)
+        raise RuntimeError("the W&B service did not start")
+
+    monkeypatch.setattr(tracking, "_prepare_wandb", slow_failure)
+    tracker = tracking.RoundTracker([WandbLogger(offline=True, save_dir=str(tmp_path))])
+    tracker.start(tmp_path, {"a": 1})  # does not raise: opening happens in its own thread
+    with pytest.raises(RuntimeError, match="did not start"):
+        tracker.log_round(1, {"eval/global/acc": 0.5})
+    assert opened == [tmp_path]
+
+
+def test_online_wandb_opens_before_the_first_round(tmp_path, monkeypatch):
+    """Online: a login or network error stops the run in start(), before any training."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from fl_lightning import tracking
+
+    def failure(logger, run_dir, run_id):
+        raise RuntimeError("wandb.errors.CommError: not logged in")
+
+    monkeypatch.setattr(tracking, "_prepare_wandb", failure)
+    tracker = tracking.RoundTracker([WandbLogger(offline=False, save_dir=str(tmp_path))])
+    with pytest.raises(RuntimeError, match="not logged in"):
+        tracker.start(tmp_path, {"a": 1})
+
+
+def test_client_fits_run_without_the_loggers(tmp_path, monkeypatch):
+    """The shared Trainer's loggers move to the round tracker: Lightning never opens W&B at a client fit's setup."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from_lightning = []
+    original = WandbLogger.experiment.fget
+
+    def watched(self):
+        from_lightning.extend(f.name for f in traceback.extract_stack() if f.filename.endswith("trainer/call.py"))
+        return original(self)
+
+    monkeypatch.setattr(WandbLogger, "experiment", property(watched))
+    run(tmp_path)
+    history, _, _ = history_and_config(wandb_files(tmp_path / "r")[0])
+    assert [json.loads(row["round"]) for row in history] == [1, 2]
+    assert from_lightning == []  # with the logger on the Trainer: "_call_setup_hook" at every client fit
