@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from datamodules.files import load_state_file  # the one safe loader (weights_only) for every state file
+from fl_lightning.client_store import STORE_DIR, ClientStateStore, expand
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^round-(\d{5})\.ckpt$")
@@ -45,17 +46,40 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
         raise
 
 
+def write_round_checkpoint(path: Path, state: dict[str, Any], store: ClientStateStore, keep: int) -> None:
+    """Write a round checkpoint whose clients' states go to ``store`` (only the changed ones), then prune.
+
+    The clients' state file is durable before the checkpoint that names it is renamed into place, so every
+    checkpoint that exists can be loaded whole.
+
+    Args:
+        path: The checkpoint's path (:func:`checkpoint_path`).
+        state: The run's state (``Federation.state_dict``), with the full runtime state under ``"runtime"``.
+        store: The run's client state store.
+        keep: Round checkpoints to keep (0: all); state files none of them names are deleted.
+
+    """
+    state = {**state, "runtime": store.write(state["runtime"], int(state["round"]), save_checkpoint)}
+    save_checkpoint(path, state)
+    store.remember(path, state["runtime"])
+    prune_checkpoints(path.parent.parent, keep)
+    store.prune(list_checkpoints(path.parent.parent))
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a round checkpoint onto the CPU with ``weights_only=True`` (no arbitrary unpickling).
+    """Load a round checkpoint, its clients' states included, onto the CPU with ``weights_only=True`` (no unpickling).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        RuntimeError: If the file is not a readable checkpoint (truncated, or not ours), naming it.
+        RuntimeError: If the file is not a readable checkpoint (truncated, or not ours) or a client state file it
+            names is missing or damaged, naming the file.
 
     """
     state = load_state_file(path, "checkpoint")
     if "round" not in state:
         raise RuntimeError(f"{path} is not a fl_lightning round checkpoint")
+    if "runtime" in state:
+        state["runtime"] = expand(state["runtime"], path.parent)
     return state
 
 
@@ -98,7 +122,7 @@ def remove_orphan_temps(run_dir: Path) -> list[Path]:
         The files removed.
     """
     removed = []
-    for directory in (Path(run_dir), Path(run_dir) / CHECKPOINT_DIR):
+    for directory in (Path(run_dir), Path(run_dir) / CHECKPOINT_DIR, Path(run_dir) / CHECKPOINT_DIR / STORE_DIR):
         if not directory.is_dir():
             continue
         for path in directory.iterdir():

@@ -21,7 +21,7 @@ import torch
 from datamodules.base import FederatedDataModule
 from fl_lightning import collapse, protocol, records
 from fl_lightning.callback import FederatedCallback, check_composition
-from fl_lightning.checkpoint import checkpoint_path, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from fl_lightning.checkpoint import ClientStateStore, checkpoint_path, rng_state, set_rng_state, write_round_checkpoint
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.environment import environment_record
@@ -78,7 +78,7 @@ class Federation:
     ) -> None:
         self.config, self.module, self.data, self.trainer, self.seed = config, module, datamodule, trainer, seed
         self.config_text, self.config_dict = config_text, config_dict
-        self.tracker = RoundTracker(trainer.loggers)
+        self.tracker = RoundTracker.take_from(trainer)
         self.reporter = reporter or RoundReporter.from_config(config)
         self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
         self._check_mode()
@@ -88,6 +88,7 @@ class Federation:
         )
         self.groups: list[ModelGroup] = []
         self.round = 0
+        self.client_store: ClientStateStore | None = None  # made with the first checkpoint (a fresh one on resume)
         self.run_dir: RunDirectory | None = None
         self.last_evaluation: dict[str, Any] = {}
         self.evaluated_clients: list[str] = []  # the clients of the latest evaluation
@@ -592,9 +593,9 @@ class Federation:
         self.last_evaluation = state["evaluation"]
 
     def save_checkpoint(self) -> Path:
-        """Write the round checkpoint atomically and prune old ones; returns its path."""
+        """Write the round checkpoint atomically (the clients' states only where changed), prune old ones; its path."""
         path = checkpoint_path(self.run_dir.path, self.round)
         self.run_dir.sync()  # the rows the checkpoint counts are on disk before it is
-        save_checkpoint(path, self.state_dict())
-        prune_checkpoints(self.run_dir.path, self.config.keep_checkpoints)
+        self.client_store = self.client_store or ClientStateStore(path.parent)
+        write_round_checkpoint(path, self.state_dict(), self.client_store, self.config.keep_checkpoints)
         return path

@@ -117,6 +117,8 @@ class ClientRuntime:
         self.callback_states: dict[str, dict[str, dict[str, Any]]] = {}
         self.subset_samplers: dict[tuple[str, str], SeededEpochSampler] = {}  # (group, client)
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
+        # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
+        self.generations: dict[str, int] = {}
 
     @property
     def device(self) -> torch.device:
@@ -156,6 +158,8 @@ class ClientRuntime:
         }
         if task.kind not in handlers:
             raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
+        if task.kind != protocol.EVALUATE:  # the only kind that changes no state
+            self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
         return handlers[task.kind](task)
 
     def handle_bytes(self, data: bytes) -> bytes:
@@ -327,6 +331,7 @@ class ClientRuntime:
             "subset_samplers": samplers,
             "callbacks": {cb.state_key: cb.client_state_dict() for cb in self.callbacks},
             "data": {c: epoch for c, epoch in self.data.sampler_state().items() if c in self.client_ids},
+            "generations": dict(self.generations),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -342,6 +347,7 @@ class ClientRuntime:
         for cb in self.callbacks:
             cb.load_client_state_dict(state["callbacks"].get(cb.state_key, {}))
         self.data.load_sampler_state(state["data"])
+        self.generations = dict(state.get("generations", {}))
 
 
 class _PendingSampler:

@@ -34,7 +34,7 @@ from fl_lightning.transport import Transport
 ELASTIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                 "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "ROLE_NAME")  # fmt: skip
 # Per-client entries of a runtime's checkpoint state (everything else is shared by the ranks).
-PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data")
+PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data", "generations")
 
 
 class RankError(RuntimeError):

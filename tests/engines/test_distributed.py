@@ -106,10 +106,12 @@ def test_runtime_state_splits_by_owner_and_merges_back():
         "subset_samplers": {},
         "data": {"a": 1, "b": 2, "__pooled__": 0},
         "callbacks": {"X": {}},
+        "generations": {"a": 3, "b": 1},
     }
     owner = {"a": 0, "b": 1, "__pooled__": 0}
     parts = [distributed.split_runtime_state(state, owner, r) for r in (0, 1)]
     assert parts[1]["private"] == {"b": {"g": 2}} and parts[0]["data"] == {"a": 1, "__pooled__": 0}
+    assert parts[1]["generations"] == {"b": 1}
     assert distributed.merge_runtime_states(parts) == state
 
 

@@ -1,0 +1,103 @@
+"""The clients' states beside the round checkpoints: written only when changed, read back whole, pruned safely."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_lightning.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, write_round_checkpoint
+from fl_lightning.client_store import FILES_KEY, STORE_DIR, ClientStateStore, expand
+
+
+def runtime(generations: dict[str, int], value: float = 0.0) -> dict:
+    """A runtime state with a SCAFFOLD-like c_i and a private layer per client."""
+    return {
+        "private": {c: {"global": {"bn.weight": torch.full((2,), value + g)}} for c, g in generations.items()},
+        "optimizer_states": {},
+        "callback_states": {c: {"Scaffold": {"c_i": torch.full((3,), float(g))}} for c, g in generations.items()},
+        "subset_samplers": {},
+        "data": {c: 0 for c in generations},
+        "generations": dict(generations),
+    }
+
+
+def store_files(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints" / STORE_DIR).iterdir())
+
+
+def save(run_dir: Path, store: ClientStateStore, round_idx: int, state: dict, keep: int = 0) -> dict:
+    path = checkpoint_path(run_dir, round_idx)
+    write_round_checkpoint(path, {"round": round_idx, "runtime": state}, store, keep)
+    return torch.load(path, weights_only=True)["runtime"]  # as written: file names, not states
+
+
+def test_only_changed_clients_are_written_and_a_load_gives_the_full_state(tmp_path):
+    store = ClientStateStore(tmp_path / "checkpoints")
+    first = save(tmp_path, store, 1, runtime({"a": 1, "b": 1, "c": 0}))
+    assert len(set(first[FILES_KEY].values())) == 1 and sorted(first[FILES_KEY]) == ["a", "b", "c"]
+    assert first["private"] == {} and first["callback_states"] == {}  # the states are in the file, not inline
+
+    second = save(tmp_path, store, 2, runtime({"a": 2, "b": 1, "c": 0}))  # only "a" answered a task since
+    assert len(store_files(tmp_path)) == 2
+    new_file = second[FILES_KEY]["a"]
+    assert new_file != first[FILES_KEY]["a"] and second[FILES_KEY]["b"] == first[FILES_KEY]["b"]
+    assert list(torch.load(tmp_path / "checkpoints" / STORE_DIR / new_file, weights_only=True)) == ["a"]
+
+    unchanged = save(tmp_path, store, 3, runtime({"a": 2, "b": 1, "c": 0}))
+    assert unchanged[FILES_KEY] == second[FILES_KEY] and len(store_files(tmp_path)) == 2  # nothing new to write
+
+    loaded = load_checkpoint(checkpoint_path(tmp_path, 2))["runtime"]
+    expected = runtime({"a": 2, "b": 1, "c": 0})
+    for key in ("private", "callback_states"):
+        assert loaded[key].keys() == expected[key].keys()
+        for cid in expected[key]:
+            for cb, state in expected[key][cid].items():
+                for name, tensor in state.items():
+                    assert torch.equal(loaded[key][cid][cb][name], tensor), (key, cid, name)
+    assert FILES_KEY not in loaded and loaded["generations"] == expected["generations"]
+
+
+def test_a_mostly_superseded_file_has_its_live_clients_copied_and_is_pruned(tmp_path):
+    store = ClientStateStore(tmp_path / "checkpoints")
+    ids = {c: 0 for c in "abcd"}
+    first = save(tmp_path, store, 1, runtime(ids), keep=1)
+    old = first[FILES_KEY]["a"]
+    save(tmp_path, store, 2, runtime({**ids, "a": 1}), keep=1)  # 3 of 4 still live in the first file: it stays
+    assert old in store_files(tmp_path)
+    third = save(tmp_path, store, 3, runtime({**ids, "a": 1, "b": 1, "c": 1}), keep=1)  # 1 of 4 live: copied on
+    assert old not in third[FILES_KEY].values()
+    assert old not in store_files(tmp_path)  # no kept checkpoint names it any more
+    assert set(store_files(tmp_path)) == set(third[FILES_KEY].values())
+
+
+def test_pruning_keeps_what_a_kept_older_checkpoint_names(tmp_path):
+    store = ClientStateStore(tmp_path / "checkpoints")
+    first = save(tmp_path, store, 1, runtime({"a": 0, "b": 0}), keep=2)
+    save(tmp_path, store, 2, runtime({"a": 1, "b": 1}), keep=2)
+    assert first[FILES_KEY]["a"] in store_files(tmp_path)  # round 1 is kept, so is its file
+    save(tmp_path, store, 3, runtime({"a": 2, "b": 2}), keep=2)
+    assert first[FILES_KEY]["a"] not in store_files(tmp_path)  # round 1 pruned: its file goes with it
+    assert load_checkpoint(checkpoint_path(tmp_path, 2))["runtime"]["generations"] == {"a": 1, "b": 1}
+
+    # A fresh store (a resumed run) reads the kept checkpoints it did not write before deleting anything.
+    fresh = ClientStateStore(tmp_path / "checkpoints")
+    save(tmp_path, fresh, 4, runtime({"a": 3, "b": 2}), keep=3)
+    for round_idx in (2, 3, 4):
+        assert load_checkpoint(checkpoint_path(tmp_path, round_idx))["round"] == round_idx
+
+
+def test_a_missing_state_file_is_named(tmp_path):
+    store = ClientStateStore(tmp_path / "checkpoints")
+    entry = save(tmp_path, store, 1, runtime({"site-a": 0}))
+    (tmp_path / "checkpoints" / STORE_DIR / entry[FILES_KEY]["site-a"]).unlink()
+    with pytest.raises(RuntimeError, match=r"client 'site-a': its state file .*\.clients is missing"):
+        load_checkpoint(checkpoint_path(tmp_path, 1))
+
+
+def test_a_checkpoint_with_inline_states_loads_unchanged(tmp_path):
+    """Checkpoints written before the store hold the states themselves."""
+    state = runtime({"a": 1})
+    path = checkpoint_path(tmp_path, 1)
+    save_checkpoint(path, {"round": 1, "runtime": state})
+    assert torch.equal(load_checkpoint(path)["runtime"]["callback_states"]["a"]["Scaffold"]["c_i"], torch.ones(3))
+    assert expand(state, tmp_path) is state
