@@ -4,7 +4,9 @@
 ``flwr run .`` runs the project against a SuperLink (a real deployment, one SuperNode per site) or the
 Simulation Engine. The run config names the YAML (``config``) and extra arguments (``overrides``); every
 site's node config says which client(s) it hosts and where its data are (``fl-clients``, ``fl-args``, see
-:mod:`fl_lightning.engines.flower_site`).
+:mod:`fl_lightning.engines.flower_site`); a virtual SuperNode of the Simulation Engine hosts its share of the
+clients by ``partition-id``. :func:`make_server_app` and :func:`make_client_app` build the same apps with a
+run config of their own, for ``flwr.simulation.run_simulation`` (:mod:`fl_lightning.engines.flower_sim`).
 
 **Wire format.** Every task and reply is our protocol's encoding (a JSON header plus raw tensor bytes,
 :mod:`fl_lightning.protocol`) carried whole as one ``uint8`` :class:`flwr.app.Array` (``stype`` =
@@ -32,7 +34,7 @@ import json
 import shlex
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,7 @@ class FlowerTransport(Transport):
         self.grid, self.timeout, self.keep, self.poll = grid, timeout, keep_checkpoints, poll
         self.routes: dict[str, int] = {}  # client id -> node id
         self.descriptions: dict[int, dict[str, Any]] = {}  # node id -> its description
+        self.describe_errors: dict[int, str] = {}  # node id -> why it could not describe itself (latest try)
         self.run_key: str | None = None
         self.last_round = -1
         self.checkpoint_rounds: list[int] = []
@@ -138,7 +141,9 @@ class FlowerTransport(Transport):
             for node, (data, _meta, error) in zip(new, answers):
                 if error is not None:
                     warnings.warn(f"SuperNode {node} could not describe itself: {error}", stacklevel=2)
+                    self.describe_errors[node] = error
                     continue
+                self.describe_errors.pop(node, None)
                 self.descriptions[node] = json.loads(data.decode())
                 for cid in self.descriptions[node]["clients"]:
                     self.routes[cid] = node
@@ -147,7 +152,7 @@ class FlowerTransport(Transport):
     def description(self) -> dict[str, Any]:
         """Every described client (in client-id order of the nodes' answers) and the data's shape."""
         if not self.descriptions:
-            raise RuntimeError("no SuperNode described any client")
+            raise RuntimeError(f"no SuperNode described any client; errors: {self.describe_errors}")
         first = next(iter(self.descriptions.values()))
         clients: dict[str, list[int]] = {}
         for desc in self.descriptions.values():
@@ -290,6 +295,17 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     transport = FlowerTransport(grid, float(cfg["timeout"]), poll=float(cfg["poll"]))
     transport.wait_for_nodes(int(cfg["min-nodes"]), float(cfg["node-wait"]))
     desc = transport.discover()
+    # Nodes hosting a partition (the Simulation Engine's) say how many there are: every one of them must be
+    # described before the clients are fixed, whatever `min-nodes` says (the engine registers them one by one).
+    partitions = max((int(d.get("partitions", 0)) for d in transport.descriptions.values()), default=0)
+    if partitions > len(transport.descriptions):
+        transport.wait_for_nodes(partitions, float(cfg["node-wait"]))
+        desc = transport.discover()
+        if partitions > len(transport.descriptions):  # a missing partition is missing clients: no silent run
+            raise RuntimeError(
+                f"{len(transport.descriptions)} of {partitions} partitions described themselves; errors: "
+                f"{transport.describe_errors}"
+            )
     data_args = [
         "--data=fl_lightning.engines.flower_data.DescribedClients",
         f"--data.description={json.dumps(desc)}",
@@ -316,23 +332,49 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     return federation.run()
 
 
-server_app = ServerApp()
+def make_server_app(
+    run_config: dict[str, Any] | None = None, on_summary: Callable[[dict[str, Any]], None] | None = None
+) -> ServerApp:
+    """A ServerApp running :func:`run_server`.
 
+    Args:
+        run_config: Run config entries that override the context's (``flwr.simulation.run_simulation`` gives
+            the apps an empty run config; :mod:`fl_lightning.engines.flower_sim` passes the run's here).
+        on_summary: Called with the run's summary when the Federation is done.
 
-@server_app.main()
-def _server_main(grid: Grid, context: Context) -> None:
-    run_server(grid, dict(context.run_config))
+    """
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        summary = run_server(grid, {**dict(context.run_config), **(run_config or {})})
+        if on_summary is not None:
+            on_summary(summary)
+
+    return app
 
 
 # ---------------------------------------------------------------------------------------------------- site
-client_app = ClientApp()
+def answer(
+    message: Message,
+    context: Context,
+    run_config: dict[str, Any] | None = None,
+    node_defaults: dict[str, Any] | None = None,
+) -> Message:
+    """A site's answer to one message: describe, restore, or a task for its runtime.
 
+    Args:
+        message: The server's message.
+        context: The node's Flower context (its run config and node config).
+        run_config: Run config entries that override the context's (see :func:`make_server_app`).
+        node_defaults: Node config entries for what the node's own config leaves out (the Simulation Engine's
+            virtual nodes know only ``partition-id`` and ``num-partitions``; e.g. ``fl-state-dir``).
 
-def answer(message: Message, context: Context) -> Message:
-    """A site's answer to one message: describe, restore, or a task for its runtime."""
+    """
     data, meta = unpack(message.content)
-    site = site_for(context.run_id, run_args(dict(context.run_config)), SiteSettings.from_node_config(
-        dict(context.node_config)))  # fmt: skip
+    run_cfg = {**dict(context.run_config), **(run_config or {})}
+    node_cfg = {**(node_defaults or {}), **dict(context.node_config)}
+    site = site_for(context.run_id, run_args(run_cfg), SiteSettings.from_node_config(node_cfg))
     op = meta.get("op", "task")
     if op == DESCRIBE:
         return Message(pack(json.dumps(site.describe()).encode()), reply_to=message)
@@ -346,26 +388,21 @@ def answer(message: Message, context: Context) -> Message:
     return Message(pack(out), reply_to=message)
 
 
-@client_app.train()
-def _train(message: Message, context: Context) -> Message:
-    return answer(message, context)
+def make_client_app(run_config: dict[str, Any] | None = None, node_defaults: dict[str, Any] | None = None) -> ClientApp:
+    """A ClientApp whose every message (train, evaluate, queries) goes to :func:`answer`.
+
+    The arguments are :func:`answer`'s; they travel with the app (the Simulation Engine pickles it to its actors).
+    """
+    app = ClientApp()
+
+    def _answer(message: Message, context: Context) -> Message:
+        return answer(message, context, run_config, node_defaults)
+
+    for register in (app.train(), app.evaluate(), app.query(), app.query(DESCRIBE), app.query(RESTORE)):
+        register(_answer)
+    return app
 
 
-@client_app.evaluate()
-def _evaluate(message: Message, context: Context) -> Message:
-    return answer(message, context)
-
-
-@client_app.query()
-def _query(message: Message, context: Context) -> Message:
-    return answer(message, context)
-
-
-@client_app.query(DESCRIBE)
-def _describe(message: Message, context: Context) -> Message:
-    return answer(message, context)
-
-
-@client_app.query(RESTORE)
-def _restore(message: Message, context: Context) -> Message:
-    return answer(message, context)
+# What `flwr run` loads ([tool.flwr.app.components]): the run config and node config come from Flower.
+server_app = make_server_app()
+client_app = make_client_app()

@@ -10,6 +10,13 @@ State files live in ``<state dir>/<run name>/``: ``round-NNNNN.flm`` is the stat
 message of round N (the protocol's encoding: plain data, nothing is unpickled when a node reads it back).
 The server's checkpoint of round N names round N; resuming it makes every site drop its newer files and
 load the newest one up to N. Large files of callbacks (FedER's generators) go into the same directory.
+
+**Simulation Engine.** A virtual SuperNode's node config is only ``partition-id`` and ``num-partitions``:
+without ``fl-clients``, node ``i`` of ``n`` hosts the clients at positions ``p % n == i`` of its data's client
+order, and keeps its state in ``<state dir>/partition-<i>``. Every Ray actor serves any virtual node, so one
+process may hold the sites of several nodes, and one node's messages may be answered by different processes
+in turn: each message is answered under a lock on the node's state directory, after loading the node's
+newest state from disk when another process wrote it (:meth:`Site.handle`).
 """
 
 from __future__ import annotations
@@ -17,9 +24,16 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: one process per node is then the only safe set-up
+    fcntl = None  # type: ignore[assignment]
 
 from fl_lightning import protocol
 from fl_lightning.protocol import Task
@@ -28,6 +42,8 @@ from fl_lightning.protocol import Task
 NODE_CLIENTS = "fl-clients"  # comma-separated client ids this node hosts (default: every client of its data)
 NODE_ARGS = "fl-args"  # the site's own arguments after the run's (its data: class, path, ...)
 NODE_STATE_DIR = "fl-state-dir"  # where the site's private state and large files go
+# What the Simulation Engine gives each virtual SuperNode (and Flower's convention for real ones).
+NODE_PARTITION_ID, NODE_NUM_PARTITIONS = "partition-id", "num-partitions"
 DEFAULT_STATE_DIR = "~/.fl_lightning/flower"
 _STATE_FILE = re.compile(r"round-(\d+)\.flm$")
 _RUN_KEY = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -38,24 +54,84 @@ class SiteSettings:
     """What a node says about itself (its Flower node config), parsed.
 
     Attributes:
-        clients: The client ids this node hosts (``None``: every client its data hold).
+        clients: The client ids this node hosts (``None``: decided by ``partition``, else every client its
+            data hold).
         args: The site's own command-line arguments, appended after the run's (e.g. its data path).
         state_dir: The directory of its private state and large files.
+        partition: ``(partition id, number of partitions)`` when the node hosts a share of its data's clients
+            (the Simulation Engine's node config) rather than named ones.
 
     """
 
     clients: tuple[str, ...] | None = None
     args: tuple[str, ...] = ()
     state_dir: Path = field(default_factory=lambda: Path(DEFAULT_STATE_DIR).expanduser())
+    partition: tuple[int, int] | None = None
 
     @classmethod
     def from_node_config(cls, node_config: dict[str, Any]) -> SiteSettings:
-        """Parse ``fl-clients``, ``fl-args`` and ``fl-state-dir`` (every one optional)."""
+        """Parse ``fl-clients``, ``fl-args``, ``fl-state-dir``, ``partition-id`` and ``num-partitions`` (all optional).
+
+        ``fl-clients`` wins over a partition. A partition's state goes to ``<fl-state-dir>/partition-<i>``: the
+        virtual nodes of a simulation share one machine, and one state directory would mix their states.
+
+        Raises:
+            ValueError: If only one of ``partition-id``/``num-partitions`` is given, or the id is not in
+                ``0 .. num-partitions - 1``.
+
+        """
         clients = node_config.get(NODE_CLIENTS)
         ids = tuple(c.strip() for c in str(clients).split(",") if c.strip()) if clients not in (None, "") else None
         args = tuple(shlex.split(str(node_config.get(NODE_ARGS, ""))))
         state_dir = Path(str(node_config.get(NODE_STATE_DIR) or DEFAULT_STATE_DIR)).expanduser()
-        return cls(ids, args, state_dir)
+        partition = None
+        if ids is None and (NODE_PARTITION_ID in node_config or NODE_NUM_PARTITIONS in node_config):
+            partition = _partition(node_config)
+            state_dir = state_dir / f"partition-{partition[0]}"
+        return cls(ids, args, state_dir, partition)
+
+    def hosted(self, data_ids: list[str]) -> list[str]:
+        """The client ids this node hosts, out of its data's ``data_ids`` (in client order).
+
+        Raises:
+            ValueError: If ``fl-clients`` names a client the data do not hold, or there are more partitions
+                than clients (a node would host none).
+
+        """
+        if self.clients is not None:
+            unknown = [c for c in self.clients if c not in data_ids]
+            if unknown:
+                raise ValueError(f"node config {NODE_CLIENTS} names {unknown}, which its data do not hold ({data_ids})")
+            return list(self.clients)
+        if self.partition is not None:
+            index, count = self.partition
+            if count > len(data_ids):
+                raise ValueError(
+                    f"node config {NODE_NUM_PARTITIONS}={count} (this node's {NODE_PARTITION_ID}={index}) exceeds the "
+                    f"{len(data_ids)} clients of its data: some nodes would host none; use at most {len(data_ids)}"
+                )
+            return data_ids[index::count]
+        return list(data_ids)
+
+
+def _partition(node_config: dict[str, Any]) -> tuple[int, int]:
+    """``(partition-id, num-partitions)`` of a node config, checked."""
+    missing = [k for k in (NODE_PARTITION_ID, NODE_NUM_PARTITIONS) if k not in node_config]
+    if missing:
+        raise ValueError(f"node config gives {NODE_PARTITION_ID} and {NODE_NUM_PARTITIONS} together; {missing} missing")
+    try:
+        index, count = int(node_config[NODE_PARTITION_ID]), int(node_config[NODE_NUM_PARTITIONS])
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"node config {NODE_PARTITION_ID}={node_config[NODE_PARTITION_ID]!r} and "
+            f"{NODE_NUM_PARTITIONS}={node_config[NODE_NUM_PARTITIONS]!r} must be integers"
+        ) from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(
+            f"node config {NODE_PARTITION_ID}={index} must lie in 0 .. {NODE_NUM_PARTITIONS}-1 "
+            f"({NODE_NUM_PARTITIONS}={count})"
+        )
+    return index, count
 
 
 class Site:
@@ -76,22 +152,18 @@ class Site:
         # A site logs nothing itself (the server's run directory holds the run's records).
         cli = build_cli([*run_args, *settings.args, "--trainer.logger=false"])
         cfg = cli.config_init["federation"]
-        data_ids = list(cli.datamodule.client_ids)
-        hosted = list(settings.clients) if settings.clients is not None else data_ids
-        unknown = [c for c in hosted if c not in data_ids]
-        if unknown:
-            raise ValueError(f"node config {NODE_CLIENTS} names {unknown}, which its data do not hold ({data_ids})")
-        self.clients = hosted
+        self.clients = settings.hosted(list(cli.datamodule.client_ids))
         seed = int(cli.config["seed_everything"])
-        self.runtime = ClientRuntime(cli.model, cli.datamodule, cli.trainer, cfg, seed, client_ids=hosted)
+        self.runtime = ClientRuntime(cli.model, cli.datamodule, cli.trainer, cfg, seed, client_ids=self.clients)
         self.runtime.prepare()
         self.run_key: str | None = None
+        self._synced: tuple[int, ...] | None = None  # (round, mtime, inode, size) of the state file in memory now
 
     # ------------------------------------------------------------------ what the server may know
     def describe(self) -> dict[str, Any]:
-        """Metadata only: hosted client ids with their sample counts, and the data's shape (no sample, no label)."""
+        """Metadata only: hosted client ids and sample counts, the data's shape (no sample, no label), partitions."""
         data = self.runtime.data
-        return {
+        out: dict[str, Any] = {
             "clients": {c: [data.num_train_samples(c), data.num_test_samples(c)] for c in self.clients},
             "batch_size": int(data.batch_size),
             "num_classes": int(data.num_classes),
@@ -99,6 +171,9 @@ class Site:
             "image_size": [int(s) for s in data.image_size],
             "seed": int(data.seed),
         }
+        if self.settings.partition is not None:  # the server waits for every partition before fixing the clients
+            out["partitions"] = self.settings.partition[1]
+        return out
 
     # ------------------------------------------------------------------ state on disk
     def run_dir(self) -> Path:
@@ -115,7 +190,22 @@ class Site:
         self.run_key = run_key
         self.run_dir().mkdir(parents=True, exist_ok=True)
         self.runtime.start(self.run_dir())
-        self._load_newest(round_index)
+        with self._exclusive():
+            self._synced = None
+            self._load_newest(round_index)
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the node's lock: its processes (the Simulation Engine's actors) answer its messages one at a time."""
+        if fcntl is None:
+            yield
+            return
+        with open(self.run_dir() / ".lock", "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _files(self) -> dict[int, Path]:
         out = {}
@@ -125,12 +215,21 @@ class Site:
                 out[int(m.group(1))] = path
         return out
 
+    @staticmethod
+    def _signature(round_index: int, path: Path) -> tuple[int, ...]:
+        st = path.stat()
+        return round_index, st.st_mtime_ns, st.st_ino, st.st_size
+
     def _load_newest(self, up_to: int | None) -> int | None:
+        """Load the newest state file up to round ``up_to`` unless it is the one in memory already."""
         files = {r: p for r, p in self._files().items() if up_to is None or r <= up_to}
         if not files:
             return None
         newest = max(files)
-        self.runtime.load_state_dict(protocol.decode(files[newest].read_bytes()))
+        signature = self._signature(newest, files[newest])
+        if signature != self._synced:  # another process (or an earlier run of this one) wrote it
+            self.runtime.load_state_dict(protocol.decode(files[newest].read_bytes()))
+            self._synced = signature
         return newest
 
     def save(self, round_index: int, keep_from: int | None = None) -> Path:
@@ -142,6 +241,7 @@ class Site:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(protocol.encode(self.runtime.state_dict()))
         os.replace(tmp, path)
+        self._synced = self._signature(round_index, path)
         if keep_from is not None and keep_from >= 0:
             older = sorted(r for r in self._files() if r <= keep_from)
             for r in older[:-1]:
@@ -150,23 +250,35 @@ class Site:
 
     def restore(self, round_index: int) -> int | None:
         """Resume the server's checkpoint of round ``round_index``: drop newer files, load the newest up to it."""
-        for r, path in self._files().items():
-            if r > round_index:
-                path.unlink(missing_ok=True)
-        return self._load_newest(round_index)
+        with self._exclusive():
+            for r, path in self._files().items():
+                if r > round_index:
+                    path.unlink(missing_ok=True)
+            self._synced = None
+            return self._load_newest(round_index)
 
     # ------------------------------------------------------------------ tasks
     def handle(self, data: bytes, keep_from: int | None = None) -> bytes:
-        """Answer an encoded task with an encoded reply; persist the state unless the task only reads."""
+        """Answer an encoded task with an encoded reply; persist the state unless the task only reads.
+
+        Under the node's lock, and from its newest state on disk: in the Simulation Engine another process may
+        have answered this node's previous message.
+        """
         task = protocol.decode(data)
         if not isinstance(task, Task):
             raise protocol.MessageError(f"expected a task, got {type(task).__name__}")
         if task.client_id not in self.clients:
             hosted = self.clients
             raise protocol.MessageError(f"client {task.client_id!r} is not hosted here (this node hosts {hosted})")
-        reply = self.runtime.handle(task)
-        if task.kind != protocol.EVALUATE:
-            self.save(task.round, keep_from)
+        with self._exclusive():
+            self._load_newest(task.round)
+            try:
+                reply = self.runtime.handle(task)
+            except BaseException:
+                self._synced = None  # the runtime may be half-changed: the next message reloads the saved state
+                raise
+            if task.kind != protocol.EVALUATE:
+                self.save(task.round, keep_from)
         return protocol.encode(reply)
 
 
@@ -174,9 +286,16 @@ _SITES: dict[tuple[Any, ...], Site] = {}
 
 
 def site_for(flower_run: Any, run_args: list[str], settings: SiteSettings) -> Site:
-    """The process's site of a Flower run (built on the first message the process sees)."""
-    key = (flower_run, tuple(run_args), settings)
+    """The process's site of a node in a Flower run (built on the first message the process sees for that node).
+
+    One run at a time per process: a new run drops the previous run's sites (module, data and Trainer). Within
+    a run a process keeps one site per node it served: in the Simulation Engine every Ray actor answers any
+    virtual SuperNode's messages.
+    """
+    run = (flower_run, tuple(run_args))
+    if any(key[:2] != run for key in _SITES):
+        _SITES.clear()
+    key = (*run, settings)
     if key not in _SITES:
-        _SITES.clear()  # one run at a time per process: drop the previous run's module, data and Trainer
         _SITES[key] = Site(run_args, settings)
     return _SITES[key]

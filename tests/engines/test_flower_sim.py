@@ -1,0 +1,132 @@
+"""The Flower engine on the Simulation Engine: partition-id → hosted clients, one node served by several
+processes, and (slow, needs Ray) run_simulation ≡ the in-process run."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("flwr", reason="the Flower engine needs the `flower` extra: pip install -e '.[flower]'")
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from fl_lightning import protocol  # noqa: E402
+from fl_lightning.engines.flower_sim import _run_config  # noqa: E402
+from fl_lightning.engines.flower_site import DEFAULT_STATE_DIR, Site, SiteSettings  # noqa: E402
+from fl_lightning.protocol import Task  # noqa: E402
+from tests.engines.deployment import ROOT  # noqa: E402
+from tests.engines.test_flower import TINY, assert_same_weights, final_state, inprocess  # noqa: E402
+
+IDS = [f"site{i}" for i in range(10)]
+TINY3 = [*TINY, "--data.num_clients=3"]  # the later --data.num_clients wins: 3 clients on 2 SuperNodes
+
+
+# ------------------------------------------------------------------------------------------------ partition-id
+@pytest.mark.parametrize(
+    ("index", "count", "hosted"),
+    [
+        (3, 10, ["site3"]),  # 10 SuperNodes, 10 clients: one each
+        (0, 3, ["site0", "site3", "site6", "site9"]),  # fewer SuperNodes share: positions p % n == i
+        (2, 3, ["site2", "site5", "site8"]),
+        (0, 1, IDS),
+    ],
+)
+def test_partition_id_hosts_every_nth_client_in_client_order(index: int, count: int, hosted: list[str]):
+    settings = SiteSettings.from_node_config({"partition-id": index, "num-partitions": count})
+    assert settings.partition == (index, count) and settings.clients is None
+    assert settings.hosted(IDS) == hosted
+    # the simulated nodes share one machine: each keeps its state in a folder of its own
+    assert settings.state_dir == Path(DEFAULT_STATE_DIR).expanduser() / f"partition-{index}"
+
+
+def test_every_client_is_hosted_by_exactly_one_partition():
+    for count in (1, 2, 3, 7, 10):
+        hosted = [c for i in range(count) for c in SiteSettings(partition=(i, count)).hosted(IDS)]
+        assert sorted(hosted) == sorted(IDS), count
+
+
+def test_named_clients_win_over_a_partition_and_the_state_dir_is_kept(tmp_path: Path):
+    cfg = {"fl-clients": "site4", "partition-id": 0, "num-partitions": 2, "fl-state-dir": str(tmp_path)}
+    settings = SiteSettings.from_node_config(cfg)
+    assert settings.partition is None and settings.hosted(IDS) == ["site4"] and settings.state_dir == tmp_path
+    sim = SiteSettings.from_node_config({"partition-id": 1, "num-partitions": 2, "fl-state-dir": str(tmp_path)})
+    assert sim.state_dir == tmp_path / "partition-1"
+
+
+@pytest.mark.parametrize(
+    ("node_config", "match"),
+    [
+        ({"partition-id": 10, "num-partitions": 10}, "partition-id=10 must lie in 0 .. num-partitions-1"),
+        ({"partition-id": -1, "num-partitions": 2}, "partition-id=-1 must lie"),
+        ({"partition-id": 0}, r"\['num-partitions'\] missing"),
+        ({"partition-id": "a", "num-partitions": 2}, "must be integers"),
+    ],
+)
+def test_bad_partition_node_configs_are_named(node_config: dict, match: str):
+    with pytest.raises(ValueError, match=match):
+        SiteSettings.from_node_config(node_config)
+
+
+def test_more_partitions_than_clients_is_an_error_naming_the_keys():
+    settings = SiteSettings.from_node_config({"partition-id": 11, "num-partitions": 12})
+    with pytest.raises(ValueError, match=r"num-partitions=12 \(this node's partition-id=11\) exceeds the 10 clients"):
+        settings.hosted(IDS)
+
+
+def test_the_cli_resolves_config_paths_and_joins_the_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "run.yaml").write_text("{}\n")
+    (tmp_path / "more.yaml").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = _run_config(["--config", "run.yaml", "--federation.rounds=2", "--config=more.yaml", "--x", "a b"])
+    assert cfg == {"config": str(tmp_path / "run.yaml"),
+                   "overrides": f"--federation.rounds=2 --config={tmp_path / 'more.yaml'} --x 'a b'"}  # fmt: skip
+    with pytest.raises(ValueError, match="start with --config"):
+        _run_config(["--federation.rounds=2"])
+
+
+# ---------------------------------------------------------------------------------------- one node, two processes
+def test_a_node_served_by_two_processes_continues_from_the_others_state(tmp_path: Path):
+    """Ray actors answer any virtual node: each message starts from the node's newest state on disk."""
+    args = ["--config", str(ROOT / "configs/fedavg_digits.yaml"), *TINY3]
+    settings = SiteSettings.from_node_config({"partition-id": 0, "num-partitions": 2, "fl-state-dir": str(tmp_path)})
+    first, second = Site(args, settings), Site(args, settings)  # two actors' copies of node 0
+    assert first.clients == ["site0", "site2"] and first.describe()["partitions"] == 2
+    for site in (first, second):
+        site.open_run("run", 0)
+    state = {k: v.clone() for k, v in first.runtime.module.state_dict().items()}
+
+    def fit(site: Site, client: str, round_index: int) -> None:
+        task = Task(protocol.FIT, round_index, client, "global", state=state)
+        assert protocol.decode(site.handle(protocol.encode(task))).error is None
+
+    fit(first, "site0", 0)
+    fit(second, "site2", 0)  # loads first's state: site0's sampler position survives second's save
+    fit(first, "site0", 1)  # and back: first reloads second's file, its own copy being older
+    fresh = Site(args, settings)
+    fresh.open_run("run", 1)
+    positions = fresh.runtime.data.sampler_state()
+    assert positions == first.runtime.data.sampler_state()
+    assert positions["site0"] == 2 * positions["site2"] > 0, positions
+    assert (tmp_path / "partition-0" / "run" / "round-00001.flm").exists()
+
+
+# ------------------------------------------------------------------------------------------------ Simulation Engine
+@pytest.mark.slow
+def test_fedavg_on_the_simulation_engine_equals_inprocess(tmp_path: Path):
+    """run_simulation with 2 virtual SuperNodes for 3 clients (node 0 hosts two); FedAvg, 2 rounds ≡ in-process."""
+    pytest.importorskip("ray", reason="the Simulation Engine needs Ray: pip install -e '.[flower-sim]'")
+    config = "configs/fedavg_digits.yaml"
+    cmd = [sys.executable, "-m", "fl_lightning.engines.flower_sim", "--num-supernodes", "2", "--client-cpus", "1",
+           "--state-dir", str(tmp_path / "state"), "--config", str(ROOT / config), *TINY3,
+           f"--federation.output_dir={tmp_path}/runs", "--federation.run_name=sim"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    run_dir = tmp_path / "runs" / "sim"
+    for name in ("config.yaml", "metrics.csv", "rounds.csv", "summary.json"):
+        assert (run_dir / name).exists(), name
+    assert_same_weights(final_state(run_dir), final_state(inprocess(tmp_path, config, TINY3)))
+    for i in range(2):  # each virtual node kept its state apart
+        assert (tmp_path / "state" / f"partition-{i}" / "sim" / "round-00001.flm").exists()
