@@ -23,6 +23,7 @@ row in every checkpoint; ``metrics.csv`` rewritten whole each round). ``--refere
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import os
@@ -92,10 +93,14 @@ def child(config_path: str, report_path: str, ckpt_round: int) -> None:
         return run_round(self, r)
 
     def probed_save(self: Any) -> Path:
+        before = set(_store_files(self.run_dir.path))
         t0 = time.perf_counter()
         path = save(self)
         seen["checkpoint_s"].append(time.perf_counter() - t0)
-        seen["checkpoint_bytes"] = path.stat().st_size
+        # what this save wrote: the checkpoint and the clients' state file of the clients that changed
+        seen["checkpoint_bytes"] = path.stat().st_size + sum(
+            p.stat().st_size for p in _store_files(self.run_dir.path) - before
+        )
         return path
 
     fed_module.Federation.run_round, fed_module.Federation.save_checkpoint = probed_round, probed_save
@@ -110,9 +115,21 @@ def child(config_path: str, report_path: str, ckpt_round: int) -> None:
     Path(report_path).write_text(json.dumps(report))
 
 
+def _store_files(run_dir: Path) -> set[Path]:
+    """The clients' state files of a run (beside its checkpoints)."""
+    from fl_lightning.client_store import STORE_DIR
+
+    return set((run_dir / "checkpoints" / STORE_DIR).glob("*"))
+
+
 def checkpoint_at_round(fed: Any, rounds: int) -> dict[str, float]:
-    """Checkpoint and records of round ``rounds``: the run's last round's rows repeated to that many rounds."""
-    from fl_lightning.checkpoint import save_checkpoint
+    """Checkpoint and records of round ``rounds``: the run's last round's rows repeated to that many rounds.
+
+    Every client gets a callback state (SCAFFOLD: a c_i each, as once all have trained); "now" writes the clients
+    one round changes (``client_fraction`` of them) beside the checkpoint, "before" wrote every client's state and
+    every row into each checkpoint.
+    """
+    from fl_lightning.checkpoint import ClientStateStore, save_checkpoint, write_round_checkpoint
     from fl_lightning.run_dir import _csv_text, atomic_write_text
 
     run = fed.run_dir
@@ -123,17 +140,26 @@ def checkpoint_at_round(fed: Any, rounds: int) -> dict[str, float]:
     run.client_rows, run.round_rows = client_rows[:-n], round_rows[:-1]
     run._headers = {}
     run.add_rows(client_rows[-n:], round_rows[-1])  # rewrites both files once (new headers): the history exists
+    states = fed.runtime.callback_states
+    for cid in fed.data.client_ids if states else []:
+        states.setdefault(cid, copy.deepcopy(next(iter(states.values()))))
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(dir=run.path) as tmp:
-        path = Path(tmp) / "now.ckpt"
+        store = ClientStateStore(Path(tmp))
+        write_round_checkpoint(Path(tmp) / "round-00099.ckpt", fed.state_dict(), store, 2)  # the rounds before
+        trained = fed.data.client_ids[: max(1, round(fed.config.client_fraction * n))]
+        for cid in trained:  # what round 100 changes
+            fed.runtime.generations[cid] = fed.runtime.generations.get(cid, 0) + 1
+        before = set(Path(tmp).rglob("*"))
+        path = Path(tmp) / "round-00100.ckpt"
         t0 = time.perf_counter()
         run.add_rows(last_rows, last_round)  # one more round's records: appended
         out["records_now_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         run.sync()
-        save_checkpoint(path, fed.state_dict())
+        write_round_checkpoint(path, fed.state_dict(), store, 2)
         out["checkpoint_now_s"] = time.perf_counter() - t0
-        out["checkpoint_now_mb"] = path.stat().st_size / 2**20
+        out["checkpoint_now_mb"] = sum(p.stat().st_size for p in set(Path(tmp).rglob("*")) - before) / 2**20
         t0 = time.perf_counter()  # before: metrics.csv and rounds.csv rewritten whole every round
         atomic_write_text(run.path / "metrics.csv", _csv_text(run.client_rows), durable=False)
         atomic_write_text(run.path / "rounds.csv", _csv_text(run.round_rows), durable=False)
@@ -154,7 +180,7 @@ def measure(args: argparse.Namespace, clients: int, method: str, fraction: float
     path = out / f"{method}-{clients}-{fraction}.yaml"
     path.write_text(json.dumps(config(args, clients, method, fraction, out)))  # JSON is YAML
     report_path = out / f"{method}-{clients}-{fraction}.report.json"
-    ckpt_round = args.ckpt_round if (clients == max(args.clients) and method == "fedavg" and fraction < 1) else 0
+    ckpt_round = args.ckpt_round if (clients == max(args.clients) and method != "fedbn" and fraction < 1) else 0
     cmd = [sys.executable, __file__, "--child", str(path), str(report_path), str(ckpt_round)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     launched = time.time()

@@ -91,6 +91,8 @@ class ClientStateStore:
             save: ``save(path, obj)``, an atomic, durable write (:func:`fl_lightning.checkpoint.save_checkpoint`).
 
         """
+        if not any(key in runtime for key in CLIENT_KEYS):  # a deployment's sites keep their states themselves
+            return runtime
         clients = split(runtime)
         generations = runtime.get("generations", {})
         self.location = {c: f for c, f in self.location.items() if c in clients}  # a client whose state is gone

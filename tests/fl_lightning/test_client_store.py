@@ -101,3 +101,10 @@ def test_a_checkpoint_with_inline_states_loads_unchanged(tmp_path):
     save_checkpoint(path, {"round": 1, "runtime": state})
     assert torch.equal(load_checkpoint(path)["runtime"]["callback_states"]["a"]["Scaffold"]["c_i"], torch.ones(3))
     assert expand(state, tmp_path) is state
+
+
+def test_a_runtime_entry_without_client_states_is_written_as_it_is(tmp_path):
+    """A Flower server's runtime entry is only a marker (the sites keep their states): nothing is added to it."""
+    marker = {"engine": "flower", "run": "r", "round": 1}
+    assert save(tmp_path, ClientStateStore(tmp_path / "checkpoints"), 1, marker) == marker
+    assert not (tmp_path / "checkpoints" / STORE_DIR).exists()
