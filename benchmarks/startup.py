@@ -1,7 +1,8 @@
 """Start-up: wall time of ``python train.py --help`` and of a run from process launch to the start of round 1.
 
-The run is ``configs/fedavg_digits.yaml`` with the default logger (W&B offline) and plots, one round. Each
-measurement is a fresh process; ``--repeats`` alternates them and prints the medians. ``--repo`` measures another
+The run is ``configs/fedavg_digits.yaml`` with the default logger (W&B offline) and plots, one round. The floors
+``python -c "import torch"`` and ``python -c "import lightning"`` are timed alongside. Each measurement is a fresh
+process; ``--repeats`` alternates them and prints the medians. ``--repo`` measures another
 checkout (e.g. a ``git worktree`` of an older commit) with this interpreter, for before/after numbers in one run.
 
     python benchmarks/startup.py [--repeats 3] [--repo PATH]
@@ -18,6 +19,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# Imports timed alone in the same run: what any Lightning program pays before our code starts.
+FLOORS = ("torch", "lightning")
 
 # Runs in the child: time of the first round's start (wall clock) into the file named by the first argument.
 PROBE = """
@@ -55,6 +59,13 @@ def startup_seconds(repo: Path, env: dict[str, str], out: Path) -> float:
     return float(stamp.read_text()) - t0
 
 
+def import_seconds(module: str, env: dict[str, str]) -> float:
+    """Wall time of ``python -c "import <module>"``: the floor under ``--help`` and start-up that is not ours."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
+    return time.time() - t0
+
+
 def main() -> None:
     """Measure and print medians (JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -63,17 +74,20 @@ def main() -> None:
     args = parser.parse_args()
     repo = args.repo.resolve()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo), "WANDB_MODE": "offline"}
-    helps, starts = [], []
+    helps, starts, floors = [], [], {m: [] for m in FLOORS}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
             helps.append(help_seconds(repo, env))
             starts.append(startup_seconds(repo, env, Path(tmp)))
+            for module in FLOORS:
+                floors[module].append(import_seconds(module, env))
     print(
         json.dumps(
             {
                 "repo": str(repo),
                 "help_s": statistics.median(helps),
                 "startup_to_round1_s": statistics.median(starts),
+                **{f"import_{m}_s": statistics.median(v) for m, v in floors.items()},
                 "help_all": helps,
                 "startup_all": starts,
             }

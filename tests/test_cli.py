@@ -120,3 +120,16 @@ def test_label_out_of_range_is_named(tmp_path):
             ]
         )
     assert "7" in str(exc.value)
+
+
+def test_train_py_freezes_what_it_imported_and_leaves_the_collector_on():
+    """train.py imports with the cyclic collector off, then freezes those objects; the run collects as usual."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    probe = "import gc, train; print(gc.isenabled(), gc.get_freeze_count())"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=repo, capture_output=True, text=True, check=True)
+    enabled, frozen = out.stdout.split()
+    assert enabled == "True" and int(frozen) > 100_000  # Lightning and torch alone are several 100,000 objects

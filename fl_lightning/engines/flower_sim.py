@@ -30,6 +30,7 @@ for _key, _value in QUIET_ENV.items():
     os.environ.setdefault(_key, _value)
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import shlex  # noqa: E402
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dir", help="the sites' state directory (default: a temporary one)")
     parser.add_argument("--ray-num-cpus", type=int, help="CPUs Ray may use (default: every core)")
     parser.add_argument("--verbose", action="store_true", help="Flower's debug logging")
+    # Everything imported so far lives as long as the process: out of the collector's way (see train.py).
+    gc.freeze()
     opts, run = parser.parse_known_args(argv)
     if not run or not run[0].startswith("--config"):
         parser.error("after the options, give the run's --config <yaml> and its overrides")
