@@ -10,7 +10,6 @@ import math
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification import binary_auroc
 
 
 def confusion_matrix(preds: Tensor, target: Tensor, num_classes: int) -> Tensor:
@@ -37,19 +36,39 @@ def macro_f1(preds: Tensor, target: Tensor, num_classes: int) -> float:
     return f1[present].mean().item()
 
 
+def average_ranks(scores: Tensor) -> Tensor:
+    """1-based ranks of each column's values, ties given the mean of their ranks (``scipy.stats.rankdata``)."""
+    n = scores.shape[0]
+    ordered, order = scores.sort(0)
+    position = torch.arange(n, device=scores.device).unsqueeze(1).expand_as(ordered)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]  # a tie group starts here
+    last = torch.ones_like(first)
+    last[:-1] = first[1:]  # ... ends here
+    start = torch.where(first, position, 0).cummax(0).values
+    end = torch.where(last, position, n - 1).flip(0).cummin(0).values.flip(0)
+    return torch.empty_like(scores, dtype=torch.float64).scatter_(0, order, (start + end).double() / 2 + 1)
+
+
 def macro_auroc(probs: Tensor, target: Tensor) -> float:
     """One-vs-rest AUROC averaged over the classes that have both positives and negatives in ``target``.
 
     ``nan`` when no class qualifies (e.g. a test set of a single class), since AUROC is then undefined.
-    Each class's AUROC is clipped to [0, 1]: torchmetrics integrates the ROC curve in float32, and a perfect
-    separation can come out as 1.0000001, which is no AUROC and reads as a bug in a results table.
+    Every class at once, from ranks: AUROC = (R⁺ − n⁺(n⁺ + 1)/2) / (n⁺ n⁻), the Mann–Whitney U statistic with
+    R⁺ the sum of the positives' ranks (ties averaged), in float64 — scikit-learn's ``roc_auc_score`` up to
+    rounding, and within [0, 1] by construction.
     """
-    scores = [
-        min(max(binary_auroc(probs[:, c], (target == c).long()).item(), 0.0), 1.0)
-        for c in range(probs.shape[1])
-        if 0 < int((target == c).sum()) < len(target)
-    ]
-    return sum(scores) / len(scores) if scores else math.nan
+    if probs.shape[0] == 0:
+        return math.nan
+    positive = target.view(-1, 1) == torch.arange(probs.shape[1], device=target.device)
+    n_pos = positive.sum(0).double()
+    n_neg = probs.shape[0] - n_pos
+    valid = (n_pos > 0) & (n_neg > 0)
+    if not bool(valid.any()):
+        return math.nan
+    rank_sum = (average_ranks(probs.double()) * positive).sum(0)
+    auroc = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg).clamp_min(1)
+    return auroc[valid].mean().item()
 
 
 def classification_metrics(logits: Tensor, target: Tensor, num_classes: int) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""AUROC stays in [0, 1] when torchmetrics' float32 integration overshoots (1.0000001 on a perfect split)."""
+"""AUROC stays in [0, 1] where torchmetrics' float32 integration overshoots (1.0000001 on a perfect split)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ def perfectly_separated() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_the_case_overshoots_in_torchmetrics() -> None:
     scores, target = perfectly_separated()
-    assert binary_auroc(scores, target).item() > 1.0  # the premise: without clipping we would report > 1
+    assert binary_auroc(scores, target).item() > 1.0  # the premise: integrating the curve in float32 reports > 1
 
 
-def test_macro_auroc_is_clipped_to_one() -> None:
+def test_macro_auroc_of_a_perfect_split_is_exactly_one() -> None:
     scores, target = perfectly_separated()
     probs = torch.stack([1 - scores, scores], dim=1)
     assert macro_auroc(probs, target) == 1.0

@@ -157,3 +157,24 @@ def test_summarise_worst_direction_and_nan():
     assert "x" not in summarise({"a": {"x": float("nan"), "acc": 1.0}})
     assert summarise({}) == {}
     assert summarise({"a": {"acc": 0.3}})["acc"] == {"mean": 0.3, "std": 0.0, "worst": 0.3, "worst_client": "a"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_macro_auroc_from_ranks_equals_sklearn_with_ties_and_absent_classes(seed):
+    """Tied scores (coarse probabilities), classes absent or alone in the target: scikit-learn to rounding."""
+    from scipy.stats import rankdata
+
+    from fl_lightning.metrics import average_ranks, macro_auroc
+
+    gen = torch.Generator().manual_seed(seed)
+    n, k = 5 + 9 * seed, 2 + seed
+    scores = torch.randint(0, 4, (n, k), generator=gen).double() / 4  # many ties
+    target = torch.randint(0, max(1, k - 1), (n,), generator=gen)  # the last class never occurs
+    assert np.array_equal(average_ranks(scores).numpy(), rankdata(scores.numpy(), axis=0))
+    y = target.numpy()
+    per_class = [roc_auc_score(y == c, scores[:, c].numpy()) for c in range(k) if 0 < (y == c).sum() < n]
+    got = macro_auroc(scores, target)
+    if per_class:
+        assert got == pytest.approx(np.mean(per_class), abs=1e-12)
+    else:
+        assert np.isnan(got)
