@@ -21,6 +21,7 @@ newest state from disk when another process wrote it (:meth:`Site.handle`).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shlex
@@ -298,4 +299,8 @@ def site_for(flower_run: Any, run_args: list[str], settings: SiteSettings) -> Si
     key = (*run, settings)
     if key not in _SITES:
         _SITES[key] = Site(run_args, settings)
+        # A site's process (a SuperNode's executor, a Ray actor) serves the run's messages for as long as it
+        # lives: what it imported and built so far stays, so the cyclic collector need not traverse it again at
+        # each full collection nor at exit (≈ 1 s per process with Lightning imported; see train.py).
+        gc.freeze()
     return _SITES[key]
