@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ class ClientStateStore:
         self.held: dict[str, int] = {}  # file -> clients written into it
         self.references: dict[str, set[str]] = {}  # checkpoint file name -> the state files it names
 
-    def write(self, runtime: dict[str, Any], round_idx: int, save: Any) -> dict[str, Any]:
+    def write(self, runtime: dict[str, Any], round_idx: int, save: Callable[[Path, Any], None]) -> dict[str, Any]:
         """Write the changed clients' states; returns the checkpoint's runtime entry (client states as file names).
 
         Args:
@@ -106,8 +107,7 @@ class ClientStateStore:
             self.held[name] = len(changed)
             for c in changed:
                 self.location[c], self.generation[c] = name, generations.get(c, 0)
-        entry = {**runtime, **{k: {} for k in CLIENT_KEYS}, FILES_KEY: dict(self.location)}
-        return entry
+        return {**runtime, **{k: {} for k in CLIENT_KEYS}, FILES_KEY: dict(self.location)}
 
     def remember(self, checkpoint: Path, runtime_entry: dict[str, Any]) -> None:
         """Note the files a checkpoint just written names (so pruning need not read it back)."""

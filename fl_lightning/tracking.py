@@ -115,8 +115,11 @@ class RoundTracker:
     def finish(self, status: str = "success") -> None:
         """Flush and close every logger."""
         for logger in self.loggers:
-            if isinstance(logger, WandbLogger) and (id(logger) in self._opening or logger._experiment is not None):
-                self._wandb(logger)
+            opening = self._opening.pop(id(logger), None)
+            if opening is not None:
+                opening.join()
+                if status == "success":  # a failed run's own error matters more than the logger's
+                    opening.result()
             logger.finalize(status)
             if isinstance(logger, WandbLogger) and logger._experiment is not None:
                 logger.experiment.finish()

@@ -231,6 +231,10 @@ def test_offline_wandb_opens_in_the_background_and_its_error_reaches_the_first_l
         tracker.log_round(1, {"eval/global/acc": 0.5})
     assert opened == [tmp_path]
 
+    failed = tracking.RoundTracker([WandbLogger(offline=True, save_dir=str(tmp_path))])
+    failed.start(tmp_path, {"a": 1})
+    failed.finish("failed")  # the run's own error is being raised: the logger's does not replace it
+
 
 def test_online_wandb_opens_before_the_first_round(tmp_path, monkeypatch):
     """Online: a login or network error stops the run in start(), before any training."""
