@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from fl_lightning import protocol
 from fl_lightning.protocol import Reply, Task
-from fl_lightning.runtime import ClientRuntime
 
 if TYPE_CHECKING:
     import lightning as L
 
     from datamodules.base import FederatedDataModule
     from fl_lightning.config import FederationConfig
+    from fl_lightning.runtime import ClientRuntime  # Lightning: a remote engine's server needs none of it to start
 
 
 class Transport:
@@ -134,6 +134,8 @@ def make_transport(
     Raises:
         ValueError: For an unknown transport, naming the key.
     """
+    from fl_lightning.runtime import ClientRuntime
+
     kind = config.transport
     if kind not in TRANSPORTS:
         raise ValueError(f"federation.transport must be one of {sorted(TRANSPORTS)}, got {kind!r}")

@@ -130,3 +130,13 @@ def test_fedavg_on_the_simulation_engine_equals_inprocess(tmp_path: Path):
     assert_same_weights(final_state(run_dir), final_state(inprocess(tmp_path, config, TINY3)))
     for i in range(2):  # each virtual node kept its state apart
         assert (tmp_path / "state" / f"partition-{i}" / "sim" / "round-00001.flm").exists()
+
+
+def test_the_simulation_driver_starts_without_lightning():
+    """The driver imports flwr and our apps only: the ServerApp's thread imports Lightning while Ray starts."""
+    probe = (
+        "import sys, fl_lightning.engines.flower_sim, fl_lightning.engines.flower as f; "
+        "assert 'lightning' not in sys.modules, 'lightning imported'; "
+        "assert callable(f.make_server_app) and callable(f.make_client_app)"
+    )
+    subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
