@@ -17,7 +17,7 @@ round 100 (the run's rows repeated to 100 rounds), as written now (row counts; r
 row in every checkpoint; ``metrics.csv`` rewritten whole each round). ``--reference`` adds FedAvg with every one of
 100 clients trained per round (the same number trained per round as 10 % of 1,000).
 
-    python benchmarks/scale.py [--clients 10 100 1000] [--methods fedavg fedbn scaffold] [--rounds 5]
+    python benchmarks/scale.py [--clients 10 100 1000] [--methods fedavg fedbn scaffold] [--rounds 5] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -204,6 +204,15 @@ def measure(args: argparse.Namespace, clients: int, method: str, fraction: float
     }
 
 
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's repeats: the median of each number (the first repeat's round-N measurement)."""
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, float):
+            out[key] = statistics.median(row[key] for row in rows)
+    return out
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table."""
     keys = [k for k in results[0] if k != "at_round"]
@@ -227,17 +236,21 @@ def main() -> None:
     parser.add_argument("--eval-clients", type=float, default=0.1)
     parser.add_argument("--ckpt-round", type=int, default=100, help="0 = skip the round-N checkpoint measurement")
     parser.add_argument("--reference", action="store_true", help="also 100 of 100 clients per round (FedAvg)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the table shows medians")
     args = parser.parse_args()
-    results = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         runs = [(n, m, args.fraction) for n in args.clients for m in args.methods]
         if args.reference:
             runs.append((round(args.fraction * max(args.clients)), "fedavg", 1.0))
-        for clients, method, fraction in runs:
-            row = measure(args, clients, method, fraction, out)
-            results.append(row)
-            print(json.dumps({k: v for k, v in row.items()}), flush=True)
+        repeats: list[list[dict[str, Any]]] = [[] for _ in runs]
+        for repeat in range(args.repeats):  # interleaved: each repeat runs every configuration once
+            (out / f"repeat{repeat}").mkdir()
+            for i, (clients, method, fraction) in enumerate(runs):
+                row = measure(args, clients, method, fraction, out / f"repeat{repeat}")
+                repeats[i].append(row)
+                print(json.dumps({k: v for k, v in row.items()}), flush=True)
+        results = [median_row(rows) for rows in repeats]
     print(markdown(results))
     for row in results:
         if row["at_round"]:
