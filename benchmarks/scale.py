@@ -145,7 +145,7 @@ def checkpoint_at_round(fed: Any, rounds: int) -> dict[str, float]:
         states.setdefault(cid, copy.deepcopy(next(iter(states.values()))))
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(dir=run.path) as tmp:
-        store = ClientStateStore(Path(tmp))
+        store = ClientStateStore()
         write_round_checkpoint(Path(tmp) / "round-00099.ckpt", fed.state_dict(), store, 2)  # the rounds before
         trained = fed.data.client_ids[: max(1, round(fed.config.client_fraction * n))]
         for cid in trained:  # what round 100 changes

@@ -59,7 +59,7 @@ def write_round_checkpoint(path: Path, state: dict[str, Any], store: ClientState
         keep: Round checkpoints to keep (0: all); state files none of them names are deleted.
 
     """
-    state = {**state, "runtime": store.write(state["runtime"], int(state["round"]), save_checkpoint)}
+    state = {**state, "runtime": store.write(state["runtime"], path, save_checkpoint)}
     save_checkpoint(path, state)
     store.remember(path, state["runtime"])
     prune_checkpoints(path.parent.parent, keep)

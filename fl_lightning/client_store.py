@@ -71,27 +71,27 @@ def referenced_files(runtime: dict[str, Any]) -> set[str]:
 class ClientStateStore:
     """Writes the clients' states of successive checkpoints of one run, each client only when it changed.
 
-    Args:
-        checkpoint_dir: The run's ``checkpoints/`` directory.
-
+    The files go beside the checkpoints (``<checkpoint dir>/clients/``), named after the checkpoint that first
+    names them.
     """
 
-    def __init__(self, checkpoint_dir: Path) -> None:
-        self.directory = Path(checkpoint_dir) / STORE_DIR
+    def __init__(self) -> None:
+        self.directory: Path | None = None  # <checkpoint dir>/clients, from the first checkpoint written
         self.location: dict[str, str] = {}  # client -> file holding its newest written state
         self.generation: dict[str, int] = {}  # client -> the runtime's task count when it was written
         self.held: dict[str, int] = {}  # file -> clients written into it
         self.references: dict[str, set[str]] = {}  # checkpoint file name -> the state files it names
 
-    def write(self, runtime: dict[str, Any], round_idx: int, save: Callable[[Path, Any], None]) -> dict[str, Any]:
+    def write(self, runtime: dict[str, Any], checkpoint: Path, save: Callable[[Path, Any], None]) -> dict[str, Any]:
         """Write the changed clients' states; returns the checkpoint's runtime entry (client states as file names).
 
         Args:
             runtime: The runtime state (:meth:`fl_lightning.runtime.ClientRuntime.state_dict`).
-            round_idx: The round being checkpointed (in the file name, for people looking at the directory).
+            checkpoint: The checkpoint about to be written (its directory and name place and name the file).
             save: ``save(path, obj)``, an atomic, durable write (:func:`fl_lightning.checkpoint.save_checkpoint`).
 
         """
+        self.directory = checkpoint.parent / STORE_DIR
         if not any(key in runtime for key in CLIENT_KEYS):  # a deployment's sites keep their states themselves
             return runtime
         clients = split(runtime)
@@ -102,7 +102,7 @@ class ClientStateStore:
         sparse = {f for f, n in live.items() if 2 * n < self.held[f]}  # mostly superseded: copy its live clients on
         changed |= {c for c, f in self.location.items() if f in sparse}
         if changed:
-            name = f"round-{round_idx:05d}-{secrets.token_hex(4)}{SUFFIX}"
+            name = f"{checkpoint.stem}-{secrets.token_hex(4)}{SUFFIX}"
             save(self.directory / name, {c: clients[c] for c in sorted(changed)})
             self.held[name] = len(changed)
             for c in changed:
@@ -122,16 +122,16 @@ class ClientStateStore:
         Returns:
             The files deleted.
         """
-        keep = set(self.location.values())
         for path in checkpoints:
             if path.name not in self.references:
                 try:
                     self.remember(path, load_state_file(path, "checkpoint").get("runtime", {}))
                 except RuntimeError:
                     self.references[path.name] = set()
-            keep |= self.references[path.name]
+        self.references = {p.name: self.references[p.name] for p in checkpoints}  # pruned ones name nothing
+        keep = set(self.location.values()).union(*self.references.values())
         removed = []
-        if self.directory.is_dir():
+        if self.directory is not None and self.directory.is_dir():
             for path in self.directory.iterdir():
                 if path.suffix == SUFFIX and path.name not in keep:
                     path.unlink(missing_ok=True)

@@ -88,7 +88,7 @@ class Federation:
         )
         self.groups: list[ModelGroup] = []
         self.round = 0
-        self.client_store: ClientStateStore | None = None  # made with the first checkpoint (a fresh one on resume)
+        self.client_store = ClientStateStore()  # the clients' states beside the checkpoints (fresh on resume)
         self.run_dir: RunDirectory | None = None
         self.last_evaluation: dict[str, Any] = {}
         self.evaluated_clients: list[str] = []  # the clients of the latest evaluation
@@ -596,6 +596,5 @@ class Federation:
         """Write the round checkpoint atomically (the clients' states only where changed), prune old ones; its path."""
         path = checkpoint_path(self.run_dir.path, self.round)
         self.run_dir.sync()  # the rows the checkpoint counts are on disk before it is
-        self.client_store = self.client_store or ClientStateStore(path.parent)
         write_round_checkpoint(path, self.state_dict(), self.client_store, self.config.keep_checkpoints)
         return path

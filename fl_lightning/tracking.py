@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
 ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
-
-# Lightning warns, once per distinct batch count (so about once per client and run), that a client's epoch has
-# fewer batches than Trainer(log_every_n_steps). Metrics reach the loggers per round through the RoundTracker,
-# not per Trainer step, so lowering the interval changes nothing: the advice cannot be acted on.
-UNACTIONABLE_WARNINGS = (r"The number of training batches \(\d+\) is smaller than the logging interval",)
-
-
-def silence_unactionable_warnings() -> None:
-    """Ignore the warnings of :data:`UNACTIONABLE_WARNINGS` (process-wide; any other warning still shows)."""
-    for message in UNACTIONABLE_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=PossibleUserWarning)
 
 
 class RoundTracker:
@@ -46,8 +33,6 @@ class RoundTracker:
 
     def __init__(self, loggers: list[Logger]) -> None:
         self.loggers = list(loggers)
-        if self.loggers:  # Lightning's logging-interval warning only comes with a logger
-            silence_unactionable_warnings()
         self._defined: dict[int, set[str]] = {}  # per W&B logger: keys given "round" as their x-axis by name
         self._opening: dict[int, _Opening] = {}  # per W&B logger being opened in the background
 
@@ -56,7 +41,9 @@ class RoundTracker:
         """A tracker of the Trainer's loggers, which the Trainer then gives up.
 
         Metrics reach the loggers per round through the tracker only; a Trainer that kept them would open the W&B
-        run at every client fit's setup (Lightning's ``_call_setup_hook``), racing the background opening.
+        run at every client fit's setup (Lightning's ``_call_setup_hook``), racing the background opening, and
+        warn once per client that its epoch has fewer batches than ``log_every_n_steps`` (advice that cannot be
+        acted on: nothing is logged per step).
         """
         tracker = cls(trainer.loggers)
         trainer.loggers = []
@@ -77,12 +64,17 @@ class RoundTracker:
             elif config is not None:
                 logger.log_hyperparams(config)
 
-    def _wandb(self, logger: WandbLogger) -> Any:
-        """The logger's W&B run, once it is open (waits for the background opening; raises what it raised)."""
+    def _wait(self, logger: Logger, raise_error: bool = True) -> None:
+        """Wait for the logger's background opening, if any, and raise what it raised (unless told not to)."""
         opening = self._opening.pop(id(logger), None)
         if opening is not None:
             opening.join()
-            opening.result()
+            if raise_error:
+                opening.result()
+
+    def _wandb(self, logger: WandbLogger) -> Any:
+        """The logger's W&B run, once it is open."""
+        self._wait(logger)
         return logger.experiment
 
     def log_round(
@@ -115,11 +107,7 @@ class RoundTracker:
     def finish(self, status: str = "success") -> None:
         """Flush and close every logger."""
         for logger in self.loggers:
-            opening = self._opening.pop(id(logger), None)
-            if opening is not None:
-                opening.join()
-                if status == "success":  # a failed run's own error matters more than the logger's
-                    opening.result()
+            self._wait(logger, raise_error=status == "success")  # a failed run's own error matters more
             logger.finalize(status)
             if isinstance(logger, WandbLogger) and logger._experiment is not None:
                 logger.experiment.finish()
@@ -129,8 +117,7 @@ class RoundTracker:
         """The W&B run id (what a checkpoint stores to continue the same run), if any."""
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
-                if id(logger) in self._opening:
-                    self._wandb(logger)
+                self._wait(logger)
                 return logger.version
         return None
 

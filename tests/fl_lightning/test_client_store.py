@@ -32,7 +32,7 @@ def save(run_dir: Path, store: ClientStateStore, round_idx: int, state: dict, ke
 
 
 def test_only_changed_clients_are_written_and_a_load_gives_the_full_state(tmp_path):
-    store = ClientStateStore(tmp_path / "checkpoints")
+    store = ClientStateStore()
     first = save(tmp_path, store, 1, runtime({"a": 1, "b": 1, "c": 0}))
     assert len(set(first[FILES_KEY].values())) == 1 and sorted(first[FILES_KEY]) == ["a", "b", "c"]
     assert first["private"] == {} and first["callback_states"] == {}  # the states are in the file, not inline
@@ -58,7 +58,7 @@ def test_only_changed_clients_are_written_and_a_load_gives_the_full_state(tmp_pa
 
 
 def test_a_mostly_superseded_file_has_its_live_clients_copied_and_is_pruned(tmp_path):
-    store = ClientStateStore(tmp_path / "checkpoints")
+    store = ClientStateStore()
     ids = {c: 0 for c in "abcd"}
     first = save(tmp_path, store, 1, runtime(ids), keep=1)
     old = first[FILES_KEY]["a"]
@@ -71,7 +71,7 @@ def test_a_mostly_superseded_file_has_its_live_clients_copied_and_is_pruned(tmp_
 
 
 def test_pruning_keeps_what_a_kept_older_checkpoint_names(tmp_path):
-    store = ClientStateStore(tmp_path / "checkpoints")
+    store = ClientStateStore()
     first = save(tmp_path, store, 1, runtime({"a": 0, "b": 0}), keep=2)
     save(tmp_path, store, 2, runtime({"a": 1, "b": 1}), keep=2)
     assert first[FILES_KEY]["a"] in store_files(tmp_path)  # round 1 is kept, so is its file
@@ -80,14 +80,14 @@ def test_pruning_keeps_what_a_kept_older_checkpoint_names(tmp_path):
     assert load_checkpoint(checkpoint_path(tmp_path, 2))["runtime"]["generations"] == {"a": 1, "b": 1}
 
     # A fresh store (a resumed run) reads the kept checkpoints it did not write before deleting anything.
-    fresh = ClientStateStore(tmp_path / "checkpoints")
+    fresh = ClientStateStore()
     save(tmp_path, fresh, 4, runtime({"a": 3, "b": 2}), keep=3)
     for round_idx in (2, 3, 4):
         assert load_checkpoint(checkpoint_path(tmp_path, round_idx))["round"] == round_idx
 
 
 def test_a_missing_state_file_is_named(tmp_path):
-    store = ClientStateStore(tmp_path / "checkpoints")
+    store = ClientStateStore()
     entry = save(tmp_path, store, 1, runtime({"site-a": 0}))
     (tmp_path / "checkpoints" / STORE_DIR / entry[FILES_KEY]["site-a"]).unlink()
     with pytest.raises(RuntimeError, match=r"client 'site-a': its state file .*\.clients is missing"):
@@ -106,5 +106,5 @@ def test_a_checkpoint_with_inline_states_loads_unchanged(tmp_path):
 def test_a_runtime_entry_without_client_states_is_written_as_it_is(tmp_path):
     """A Flower server's runtime entry is only a marker (the sites keep their states): nothing is added to it."""
     marker = {"engine": "flower", "run": "r", "round": 1}
-    assert save(tmp_path, ClientStateStore(tmp_path / "checkpoints"), 1, marker) == marker
+    assert save(tmp_path, ClientStateStore(), 1, marker) == marker
     assert not (tmp_path / "checkpoints" / STORE_DIR).exists()
