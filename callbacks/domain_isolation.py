@@ -81,6 +81,9 @@ class DomainIsolation(FederatedCallback):
         plots: Write the gradient scatter PNG.
     """
 
+    # Each runtime's clients' features, responsibilities and routing stay in this object between queries.
+    runtime_bound = True
+
     def __init__(
         self,
         split_round: int,

@@ -41,11 +41,18 @@ class FederatedCallback(L.Callback):
     A callback that replaces the server step (the aggregation rule) sets ``server_step`` to a name; the
     Federation refuses two such callbacks unless their pair is in ``COMPOSABLE_SERVER_STEPS``.
 
+    A client half whose object remembers between tasks what it learnt from its runtime's clients, outside
+    ``ctx.state`` and reset in ``on_runtime_start`` (Domain Isolation's features and routing), sets
+    ``runtime_bound``: one callback object then serves one runtime only. Otherwise a process hosting several
+    Flower nodes (a Simulation Engine actor) builds the CLI once and lets each node's runtime share its
+    module, data, Trainer and callbacks.
+
     Raise :class:`fl_lightning.errors.PreconditionError` when the method cannot work with the
     configured model or optimiser: the run stops with that message instead of dropping clients.
     """
 
     server_step: ClassVar[str | None] = None
+    runtime_bound: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ both sides
     def prepare_module(self, module: L.LightningModule, data: Any) -> None:

@@ -108,8 +108,12 @@ class LocalFitter:
             trainer.strategy.__class__ = ResidentSingleDeviceStrategy
         self.trainer = trainer
         self._warned_random_sampler = False
-        self.probe = _FitProbe()
-        trainer.callbacks.append(self.probe)
+        # Runtimes sharing a Trainer (the nodes one Simulation Engine actor serves) share its probe: each fit sets
+        # what the probe restores and reads what it captured, and fits run one at a time.
+        probes = [cb for cb in trainer.callbacks if isinstance(cb, _FitProbe)]
+        self.probe = probes[0] if probes else _FitProbe()
+        if not probes:
+            trainer.callbacks.append(self.probe)
 
     def fit(
         self,

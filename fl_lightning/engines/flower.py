@@ -286,8 +286,11 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     """
     import os
 
-    from fl_lightning.cli import build_cli
-    from fl_lightning.federation import Federation
+    from fl_lightning.heap import long_lived
+
+    with long_lived():  # Lightning and what the server builds stay for the whole run (see heap.py)
+        from fl_lightning.cli import build_cli
+        from fl_lightning.federation import Federation
 
     os.environ.setdefault("WANDB_SILENT", "true")
     cfg = {**RUN_DEFAULTS, **run_config}

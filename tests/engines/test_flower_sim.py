@@ -14,7 +14,8 @@ from pathlib import Path  # noqa: E402
 
 from fl_lightning import protocol  # noqa: E402
 from fl_lightning.engines.flower_sim import _run_config  # noqa: E402
-from fl_lightning.engines.flower_site import DEFAULT_STATE_DIR, Site, SiteSettings  # noqa: E402
+from fl_lightning.engines import flower_site  # noqa: E402
+from fl_lightning.engines.flower_site import DEFAULT_STATE_DIR, Site, SiteSettings, site_for  # noqa: E402
 from fl_lightning.protocol import Task  # noqa: E402
 from tests.engines.deployment import ROOT  # noqa: E402
 from tests.engines.test_flower import TINY, assert_same_weights, final_state, inprocess  # noqa: E402
@@ -140,3 +141,50 @@ def test_the_simulation_driver_starts_without_lightning():
         "assert callable(f.make_server_app) and callable(f.make_client_app)"
     )
     subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
+
+
+# ------------------------------------------------------------------------------------------------ one process, many nodes
+def _node(index: int, count: int, state_dir: Path) -> SiteSettings:
+    return SiteSettings.from_node_config({"partition-id": index, "num-partitions": count, "fl-state-dir": str(state_dir)})
+
+
+def test_the_sites_of_one_process_share_one_build_and_answer_as_if_built_alone(tmp_path: Path, monkeypatch):
+    """A Ray actor serving several virtual nodes parses and instantiates the run once; each node gets a runtime."""
+    monkeypatch.setattr(flower_site, "_SITES", {})
+    monkeypatch.setattr(flower_site, "_BUILDS", {})
+    args = ["--config", str(ROOT / "configs/fedbn_digits.yaml"), *TINY, "--data.num_clients=4"]
+    shared = [site_for("run-a", args, _node(i, 2, tmp_path / "shared")) for i in range(2)]
+    assert shared[0].runtime.module is shared[1].runtime.module and shared[0].runtime is not shared[1].runtime
+    assert shared[0].clients == ["site0", "site2"] and shared[1].clients == ["site1", "site3"]
+    trainer = shared[0].runtime.trainer
+    assert sum(type(cb).__name__ == "_FitProbe" for cb in trainer.callbacks) == 1  # one probe for the shared fits
+    alone = [Site(args, _node(i, 2, tmp_path / "alone")) for i in range(2)]
+    initial = {k: v.clone() for k, v in alone[0].runtime.module.state_dict().items()}
+    for site in (*shared, *alone):
+        site.open_run("run", 0)
+    for round_index in range(2):  # round 1 starts from each client's private (BN) state of round 0
+        for node, client in [(0, "site0"), (1, "site1"), (0, "site2"), (1, "site3")]:
+            task = protocol.encode(Task(protocol.FIT, round_index, client, "global", state=initial))
+            got, want = (protocol.decode(site.handle(task)) for site in (shared[node], alone[node]))
+            assert got.error is None and want.error is None
+            assert got.num_samples == want.num_samples and got.metrics == want.metrics, client
+            assert_same_weights(got.state, want.state)
+    for node in range(2):
+        got, want = shared[node].runtime.state_dict(), alone[node].runtime.state_dict()
+        assert got["private"].keys() == want["private"].keys() == set(alone[node].clients)
+        for client in alone[node].clients:
+            assert_same_weights(got["private"][client]["global"], want["private"][client]["global"])
+        assert got["data"] == want["data"]
+    # another run in this process starts from scratch
+    assert site_for("run-b", args, _node(0, 2, tmp_path / "b")).runtime.module is not shared[0].runtime.module
+
+
+def test_a_runtime_bound_callback_gives_every_node_its_own_build(tmp_path: Path, monkeypatch):
+    """Domain Isolation keeps each runtime's clients' features in the callback object: no sharing across nodes."""
+    monkeypatch.setattr(flower_site, "_SITES", {})
+    monkeypatch.setattr(flower_site, "_BUILDS", {})
+    args = ["--config", str(ROOT / "configs/scfl_digits_seg.yaml"), *TINY, "--data.num_clients=4"]
+    first, second = (site_for("run-ddi", args, _node(i, 2, tmp_path)) for i in range(2))
+    assert first.runtime.module is not second.runtime.module
+    assert first.runtime.callbacks[0] is not second.runtime.callbacks[0]
+    assert flower_site._BUILDS == {}
