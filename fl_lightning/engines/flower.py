@@ -44,12 +44,14 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import protocol
 from fl_lightning.engines.flower_site import SiteSettings, site_for
+from fl_lightning.errors import PreconditionError
 from fl_lightning.protocol import Reply, Task
 from fl_lightning.transport import Transport
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project (or the installed FAB) holding configs/
 MSG, META, STYPE = "fl.msg", "fl.meta", "fl_lightning.message"
 DESCRIBE, RESTORE = "describe", "restore"
+PRECONDITION = "precondition"  # a reply's routing fact: the method cannot work on this site (PreconditionError)
 # Run config keys ([tool.flwr.app.config] in pyproject.toml, or `flwr run . -c 'key=value'`).
 RUN_DEFAULTS: dict[str, Any] = {
     "config": "configs/fedavg_digits.yaml",  # the run's YAML, relative to the app directory
@@ -217,7 +219,9 @@ class FlowerTransport(Transport):
             items.append((node, content, _TYPES.get(task.kind, "query")))
             nodes.append(node)
         replies = []
-        for task, node, (answer, _meta, error) in zip(tasks, nodes, self._exchange(items)):
+        for task, node, (answer, meta, error) in zip(tasks, nodes, self._exchange(items)):
+            if PRECONDITION in meta:  # the method cannot work on that site: the run stops, as in one process
+                raise PreconditionError(f"client {task.client_id!r} (SuperNode {node}): {meta[PRECONDITION]}")
             if error is not None:
                 if task.kind in (protocol.FIT, protocol.EVALUATE):
                     self.descriptions.pop(node, None)  # ask it again (or its restarted successor) next time
@@ -268,7 +272,9 @@ class FlowerTransport(Transport):
         nodes = list(self.descriptions)
         content = {"op": RESTORE, "run": self.run_key, "round": self.last_round}
         answers = self._exchange([(n, pack(b"", **content), f"query.{RESTORE}") for n in nodes])
-        for node, (_data, _meta, error) in zip(nodes, answers):
+        for node, (_data, meta, error) in zip(nodes, answers):
+            if PRECONDITION in meta:
+                raise PreconditionError(f"SuperNode {node}: {meta[PRECONDITION]}")
             if error is not None:
                 raise RuntimeError(f"SuperNode {node} could not restore its state of round {self.last_round}: {error}")
 
@@ -382,12 +388,18 @@ def answer(
     if op == DESCRIBE:
         return Message(pack(json.dumps(site.describe()).encode()), reply_to=message)
     round_index = int(meta["round"])
-    site.open_run(str(meta["run"]), round_index)
-    if op == RESTORE:
-        site.restore(round_index)
-        return Message(pack(b""), reply_to=message)
-    keep_from = meta.get("keep_from")
-    out = site.handle(data, None if keep_from is None else int(keep_from))
+    try:
+        site.open_run(str(meta["run"]), round_index)  # the callbacks' on_runtime_start checks run here
+        if op == RESTORE:
+            site.restore(round_index)
+            return Message(pack(b""), reply_to=message)
+        keep_from = meta.get("keep_from")
+        out = site.handle(data, None if keep_from is None else int(keep_from))
+    except PreconditionError as err:
+        # Not one client's failure: the server stops the run with this message (Flower would only report that
+        # the ClientApp raised, and the client would count as failed).
+        site.run_key = None  # the next message starts the runtime again (and checks again)
+        return Message(pack(b"", **{PRECONDITION: str(err)}), reply_to=message)
     return Message(pack(out), reply_to=message)
 
 

@@ -17,8 +17,10 @@ import torch  # noqa: E402
 from fl_lightning import protocol  # noqa: E402
 from fl_lightning.checkpoint import find_last_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
-from fl_lightning.engines.flower import pack, unpack  # noqa: E402
+from fl_lightning.engines import flower_site  # noqa: E402
+from fl_lightning.engines.flower import PRECONDITION, FlowerTransport, answer, pack, unpack  # noqa: E402
 from fl_lightning.engines.flower_site import Site, SiteSettings  # noqa: E402
+from fl_lightning.errors import PreconditionError  # noqa: E402
 from fl_lightning.protocol import Task  # noqa: E402
 from tests.engines.deployment import ROOT, Deployment  # noqa: E402
 
@@ -91,6 +93,32 @@ def test_site_describes_only_metadata_and_resumes_its_state_from_disk(tmp_path: 
     again = Site(args, SiteSettings(("site1",), (), tmp_path))
     again.open_run("run-a", 1)
     assert again.runtime.data.sampler_state() == site.runtime.data.sampler_state()
+
+
+def test_a_sites_precondition_error_stops_the_run_instead_of_failing_its_client(tmp_path: Path, monkeypatch):
+    """SCAFFOLD needs plain SGD: a site with momentum answers with the reason, and the server raises it (in one
+    process the run stops with it too); Flower alone would only say the ClientApp raised, a failed client."""
+    from flwr.app import Context, Message, RecordDict
+
+    monkeypatch.setattr(flower_site, "_SITES", {})
+    monkeypatch.setattr(flower_site, "_BUILDS", {})
+    overrides = " ".join([*TINY, "--model.momentum=0.9"])
+    run_cfg = {"config": str(ROOT / "configs/scaffold_digits_dirichlet.yaml"), "overrides": overrides}
+    node_cfg = {"fl-clients": "site0", "fl-state-dir": str(tmp_path)}
+    context = Context(run_id=1, node_id=7, node_config=node_cfg, state=RecordDict(), run_config=run_cfg)
+    task = protocol.encode(Task(protocol.FIT, 0, "site0", "global", state={}))
+    message = Message(pack(task, op="task", run="run", round=0), dst_node_id=7, message_type="train")
+    _data, meta = unpack(answer(message, context).content)
+    assert "SCAFFOLD" in meta[PRECONDITION] and "momentum" in meta[PRECONDITION]
+
+    transport = FlowerTransport(grid=None)  # type: ignore[arg-type]  # no messages leave: _exchange is replaced
+    transport.routes, transport.descriptions = {"site0": 7}, {7: {}}
+    monkeypatch.setattr(transport, "node_ids", lambda: [7])
+    monkeypatch.setattr(transport, "_exchange", lambda items: [(b"", meta, None)] * len(items))
+    with pytest.raises(PreconditionError, match=r"client 'site0' \(SuperNode 7\): .*SCAFFOLD"):
+        transport.request(Task(protocol.FIT, 0, "site0", "global", state={}))
+    monkeypatch.setattr(transport, "_exchange", lambda items: [(b"", {}, "the ClientApp raised")] * len(items))
+    assert "failed" in transport.request(Task(protocol.FIT, 0, "site0", "global", state={})).error  # other errors
 
 
 # ------------------------------------------------------------------------------------------------ deployment

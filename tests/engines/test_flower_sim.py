@@ -145,7 +145,9 @@ def test_the_simulation_driver_starts_without_lightning():
 
 # ------------------------------------------------------------------------------------------------ one process, many nodes
 def _node(index: int, count: int, state_dir: Path) -> SiteSettings:
-    return SiteSettings.from_node_config({"partition-id": index, "num-partitions": count, "fl-state-dir": str(state_dir)})
+    return SiteSettings.from_node_config(
+        {"partition-id": index, "num-partitions": count, "fl-state-dir": str(state_dir)}
+    )
 
 
 def test_the_sites_of_one_process_share_one_build_and_answer_as_if_built_alone(tmp_path: Path, monkeypatch):
