@@ -291,16 +291,15 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
 
     """
     import os
-
-    from fl_lightning.heap import long_lived
-
-    with long_lived():  # Lightning and what the server builds stay for the whole run (see heap.py)
-        from fl_lightning.cli import build_cli
-        from fl_lightning.federation import Federation
+    import threading
 
     os.environ.setdefault("WANDB_SILENT", "true")
     cfg = {**RUN_DEFAULTS, **run_config}
     args = run_args(cfg)
+    # The sites describe themselves first: a site's first answer builds it (imports Lightning, reads its data:
+    # seconds), and so does the server's import of Lightning, which runs meanwhile.
+    importer = threading.Thread(target=import_server, name="fl-import-server", daemon=True)
+    importer.start()
     transport = FlowerTransport(grid, float(cfg["timeout"]), poll=float(cfg["poll"]))
     transport.wait_for_nodes(int(cfg["min-nodes"]), float(cfg["node-wait"]))
     desc = transport.discover()
@@ -315,6 +314,10 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
                 f"{len(transport.descriptions)} of {partitions} partitions described themselves; errors: "
                 f"{transport.describe_errors}"
             )
+    importer.join()
+    from fl_lightning.cli import build_cli
+    from fl_lightning.federation import Federation
+
     data_args = [
         "--data=fl_lightning.engines.flower_data.DescribedClients",
         f"--data.description={json.dumps(desc)}",
@@ -339,6 +342,15 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         transport=transport,
     )
     return federation.run()
+
+
+def import_server() -> None:
+    """What the server builds its Federation with (Lightning; out of the collector's way, see heap.py)."""
+    from fl_lightning.heap import long_lived
+
+    with long_lived():
+        import fl_lightning.cli  # noqa: F401
+        import fl_lightning.federation  # noqa: F401
 
 
 def make_server_app(

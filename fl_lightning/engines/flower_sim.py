@@ -9,7 +9,9 @@ process and writes the usual run directory; ``num-supernodes`` virtual SuperNode
 
 ``run_simulation`` gives the apps an empty run config, so :func:`simulate` builds them with the run's own
 (:func:`~fl_lightning.engines.flower.make_server_app`, :func:`~fl_lightning.engines.flower.make_client_app`);
-``min-nodes`` is the number of SuperNodes, so the server describes all of them before the first round. The
+``min-nodes`` is the number of SuperNodes, so the server describes all of them before the first round.
+:func:`simulate` starts Ray itself, as Flower's backend would, while a thread imports what the ServerApp needs
+(Lightning): Ray's start-up mostly waits for its processes. The
 virtual sites keep their state in a fresh temporary directory (removed afterwards) unless ``state_dir`` is
 given: site states of an earlier run with the same run name must not leak into this one, and resuming a
 simulation's checkpoint needs the state directory it ran with.
@@ -36,10 +38,11 @@ import math  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from fl_lightning.engines.flower import make_client_app, make_server_app  # noqa: E402
+from fl_lightning.engines.flower import import_server, make_client_app, make_server_app  # noqa: E402
 from fl_lightning.engines.flower_site import NODE_STATE_DIR  # noqa: E402
 
 
@@ -85,18 +88,50 @@ def simulate(
         init["num_cpus"] = math.ceil(num_supernodes * client_cpus)
     if init:
         backend["init_args"] = init
-    with tempfile.TemporaryDirectory(prefix="fl-sim-state-") as scratch:
-        node = {NODE_STATE_DIR: str(Path(state_dir or scratch).resolve())}
-        run_simulation(
-            server_app=make_server_app(cfg, on_summary=summaries.append),
-            client_app=make_client_app(cfg, node_defaults=node),
-            num_supernodes=num_supernodes,
-            backend_config=backend,
-            verbose_logging=verbose,
-        )
+    # Ray's start-up leaves CPU idle (it waits for its processes): the ServerApp's imports of Lightning run
+    # meanwhile, and once Ray is up the sites are asked to describe themselves at once (see run_server).
+    importer = threading.Thread(target=import_server, name="fl-import-server", daemon=True)
+    importer.start()
+    _start_ray(init, verbose)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fl-sim-state-") as scratch:
+            node = {NODE_STATE_DIR: str(Path(state_dir or scratch).resolve())}
+            run_simulation(
+                server_app=make_server_app(cfg, on_summary=summaries.append),
+                client_app=make_client_app(cfg, node_defaults=node),
+                num_supernodes=num_supernodes,
+                backend_config=backend,
+                verbose_logging=verbose,
+            )
+    finally:
+        import ray
+
+        ray.shutdown()  # Flower's backend shuts Ray down when it ends; not when it failed to start
     if not summaries:
         raise RuntimeError("the ServerApp ended without a summary (see the log above)")
     return summaries[0]
+
+
+def _start_ray(init_args: dict[str, Any], verbose: bool) -> None:
+    """Start Ray as Flower's Ray backend would (``run_simulation`` then finds it running and uses it).
+
+    Flower's ``RayBackend.init_ray`` and ``run_simulation``'s defaults: no dashboard, Flower's logging level and
+    actor logs to this process unless ``verbose``, and the actors get this process's ``sys.path``.
+    """
+    import ray
+    from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG as DEFAULTS
+
+    if ray.is_initialized():  # the caller's own Ray (Flower uses it as it is)
+        return
+    args: dict[str, Any] = {"include_dashboard": False, **init_args}
+    if not verbose:
+        args.setdefault("logging_level", DEFAULTS.init_args_logging_level)
+        args.setdefault("log_to_driver", DEFAULTS.init_args_log_to_driver)
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **args)
 
 
 def _run_config(args: list[str]) -> dict[str, str]:

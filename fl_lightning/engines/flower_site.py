@@ -154,7 +154,7 @@ class SiteBuild:
 
         os.environ.setdefault("WANDB_SILENT", "true")
         # A site logs nothing itself (the server's run directory holds the run's records).
-        cli = build_cli([*args, "--trainer.logger=false"])
+        cli = build_cli([*args, "--trainer.logger=false"], log=False)
         self.module, self.data, self.trainer = cli.model, cli.datamodule, cli.trainer
         self.config, self.seed = cli.config_init["federation"], int(cli.config["seed_everything"])
         self._prepared = False

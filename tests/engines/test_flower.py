@@ -98,7 +98,7 @@ def test_site_describes_only_metadata_and_resumes_its_state_from_disk(tmp_path: 
 def test_a_sites_precondition_error_stops_the_run_instead_of_failing_its_client(tmp_path: Path, monkeypatch):
     """SCAFFOLD needs plain SGD: a site with momentum answers with the reason, and the server raises it (in one
     process the run stops with it too); Flower alone would only say the ClientApp raised, a failed client."""
-    from flwr.app import Context, Message, RecordDict
+    from flwr.app import Context, Message, Metadata, RecordDict
 
     monkeypatch.setattr(flower_site, "_SITES", {})
     monkeypatch.setattr(flower_site, "_BUILDS", {})
@@ -107,7 +107,8 @@ def test_a_sites_precondition_error_stops_the_run_instead_of_failing_its_client(
     node_cfg = {"fl-clients": "site0", "fl-state-dir": str(tmp_path)}
     context = Context(run_id=1, node_id=7, node_config=node_cfg, state=RecordDict(), run_config=run_cfg)
     task = protocol.encode(Task(protocol.FIT, 0, "site0", "global", state={}))
-    message = Message(pack(task, op="task", run="run", round=0), dst_node_id=7, message_type="train")
+    metadata = Metadata(1, "m1", 1, 7, "", "", time.time(), 60.0, "train")  # as the SuperLink delivers it
+    message = Message(pack(task, op="task", run="run", round=0), metadata=metadata)
     _data, meta = unpack(answer(message, context).content)
     assert "SCAFFOLD" in meta[PRECONDITION] and "momentum" in meta[PRECONDITION]
 

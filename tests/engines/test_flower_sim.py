@@ -13,8 +13,8 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from fl_lightning import protocol  # noqa: E402
-from fl_lightning.engines.flower_sim import _run_config  # noqa: E402
 from fl_lightning.engines import flower_site  # noqa: E402
+from fl_lightning.engines.flower_sim import _run_config  # noqa: E402
 from fl_lightning.engines.flower_site import DEFAULT_STATE_DIR, Site, SiteSettings, site_for  # noqa: E402
 from fl_lightning.protocol import Task  # noqa: E402
 from tests.engines.deployment import ROOT  # noqa: E402
@@ -134,7 +134,7 @@ def test_fedavg_on_the_simulation_engine_equals_inprocess(tmp_path: Path):
 
 
 def test_the_simulation_driver_starts_without_lightning():
-    """The driver imports flwr and our apps only: the ServerApp's thread imports Lightning while Ray starts."""
+    """The driver imports flwr and our apps only: a thread imports the ServerApp's Lightning while Ray starts."""
     probe = (
         "import sys, fl_lightning.engines.flower_sim, fl_lightning.engines.flower as f; "
         "assert 'lightning' not in sys.modules, 'lightning imported'; "
@@ -143,7 +143,18 @@ def test_the_simulation_driver_starts_without_lightning():
     subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
 
 
-# ------------------------------------------------------------------------------------------------ one process, many nodes
+def test_a_site_builds_without_importing_wandb(tmp_path: Path):
+    """A site logs nothing: no W&B default logger whose type hints would import wandb (≈ 0.5 s per actor)."""
+    probe = (
+        "import sys; from pathlib import Path; from fl_lightning.engines.flower_site import Site, SiteSettings; "
+        f"site = Site(['--config', 'configs/fedavg_digits.yaml', *{TINY!r}], SiteSettings(('site0',), (), "
+        f"Path({str(tmp_path)!r}))); "
+        "assert site.runtime.trainer.logger is None; assert 'wandb' not in sys.modules, 'wandb imported'"
+    )
+    subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
+
+
+# ---------------------------------------------------------------------------------------- one process, many nodes
 def _node(index: int, count: int, state_dir: Path) -> SiteSettings:
     return SiteSettings.from_node_config(
         {"partition-id": index, "num-partitions": count, "fl-state-dir": str(state_dir)}
