@@ -7,6 +7,7 @@ import torch
 
 from datamodules.assemble import build_client_splits, convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
+from datamodules.embedded_digits import load_digits
 from datamodules.partition import PARTITION_SCHEMES, check_clients_fit, partition
 from datamodules.sampler import stable_seed
 from datamodules.shifts import SiteStyle, StyleSpec, resolve_site_styles
@@ -142,11 +143,8 @@ class DigitsFederated(FederatedDataModule):
         return min(self.num_clients, _MAX_DOMAINS)
 
     def _load(self) -> list[ClientSplit]:
-        from sklearn.datasets import load_digits  # scikit-learn only once data is built (not for --help)
-
-        digits = load_digits()
-        labels = np.asarray(digits.target, dtype=np.int64)
-        images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        scans, labels = load_digits()
+        images = torch.as_tensor(scans, dtype=torch.float32).unsqueeze(1) / 16.0
         images = convert_channels(resize_images(images, self.size), self.channels)
         if self.binary_positive is not None:
             labels = (labels == self.binary_positive).astype(np.int64)

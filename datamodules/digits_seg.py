@@ -8,6 +8,7 @@ from torch import Tensor
 
 from datamodules.assemble import convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.embedded_digits import load_digits
 from datamodules.partition import partition
 from datamodules.sampler import stable_seed
 from datamodules.shifts import SiteStyle, StyleSpec, apply_style, resolve_site_styles
@@ -146,12 +147,10 @@ class DigitsSegFederated(FederatedDataModule):
 
     def _scans(self) -> tuple[Tensor, np.ndarray]:
         """The {0, 1, 3, 4} scans resized to the digit size, and their class ids (1 …)."""
-        from sklearn.datasets import load_digits  # scikit-learn only once data is built (not for --help)
-
-        digits = load_digits()
-        keep = np.isin(digits.target, SEG_DIGITS)
-        classes = np.searchsorted(SEG_DIGITS, digits.target[keep]).astype(np.int64) + 1
-        scans = torch.as_tensor(digits.images[keep], dtype=torch.float32).unsqueeze(1) / 16.0
+        images, target = load_digits()
+        keep = np.isin(target, SEG_DIGITS)
+        classes = np.searchsorted(SEG_DIGITS, target[keep]).astype(np.int64) + 1
+        scans = torch.as_tensor(images[keep], dtype=torch.float32).unsqueeze(1) / 16.0
         return resize_images(scans, digit_size(self.size)), classes
 
     def _load(self) -> list[ClientSplit]:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from datamodules.assemble import convert_channels, resize_images
 from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
+from datamodules.embedded_digits import load_digits
 from datamodules.sampler import stable_seed
 
 NUM_CLASSES = 10
@@ -140,11 +141,8 @@ class ManyDigitsFederated(FederatedDataModule):
         self._source = "digits (many clients)"
 
     def _load(self) -> list[ClientSplit]:
-        from sklearn.datasets import load_digits  # imported when the data is built, not with the module
-
-        digits = load_digits()
-        labels = np.asarray(digits.target, dtype=np.int64)
-        images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        scans, labels = load_digits()
+        images = torch.as_tensor(scans, dtype=torch.float32).unsqueeze(1) / 16.0
         images = convert_channels(resize_images(images, self.size), self.channels).clamp_(0.0, 1.0)
         train_pool, test_pool = split_pool(labels, self.test_fraction, stable_seed(self.seed, "pool"))
         minimum = 2 if self.test_fraction > 0 else 1
