@@ -79,7 +79,9 @@ def simulate(
     """
     from flwr.simulation import run_simulation  # needs Ray: the `flower-sim` extra
 
-    cfg = {**_run_config(args), "min-nodes": num_supernodes, **(run_config or {})}
+    # The server looks for replies every 10 ms, not 50: the engine's replies are in this process's memory, and
+    # each round waits for two waves of them (fit, then evaluation on the sites).
+    cfg = {**_run_config(args), "min-nodes": num_supernodes, "poll": 0.01, **(run_config or {})}
     summaries: list[dict[str, Any]] = []
     backend: dict[str, Any] = {"client_resources": {"num_cpus": client_cpus, "num_gpus": client_gpus}}
     init = dict(ray_init_args or {})
