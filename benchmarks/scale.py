@@ -249,7 +249,7 @@ def main() -> None:
             for i, (clients, method, fraction) in enumerate(runs):
                 row = measure(args, clients, method, fraction, out / f"repeat{repeat}")
                 repeats[i].append(row)
-                print(json.dumps({k: v for k, v in row.items()}), flush=True)
+                print(json.dumps(row), flush=True)
         results = [median_row(rows) for rows in repeats]
     print(markdown(results))
     for row in results:

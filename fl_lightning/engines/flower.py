@@ -401,7 +401,7 @@ def answer(
         return Message(pack(json.dumps(site.describe()).encode()), reply_to=message)
     round_index = int(meta["round"])
     try:
-        site.open_run(str(meta["run"]), round_index)  # the callbacks' on_runtime_start checks run here
+        site.open_run(str(meta["run"]), round_index)
         if op == RESTORE:
             site.restore(round_index)
             return Message(pack(b""), reply_to=message)
@@ -410,7 +410,6 @@ def answer(
     except PreconditionError as err:
         # Not one client's failure: the server stops the run with this message (Flower would only report that
         # the ClientApp raised, and the client would count as failed).
-        site.run_key = None  # the next message starts the runtime again (and checks again)
         return Message(pack(b"", **{PRECONDITION: str(err)}), reply_to=message)
     return Message(pack(out), reply_to=message)
 

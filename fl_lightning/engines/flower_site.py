@@ -188,10 +188,10 @@ class Site:
     """
 
     def __init__(self, run_args: list[str], settings: SiteSettings, build: SiteBuild | None = None) -> None:
-        build = build or SiteBuild([*run_args, *settings.args])
+        self.build = build or SiteBuild([*run_args, *settings.args])
         self.settings = settings
-        self.clients = settings.hosted(list(build.data.client_ids))
-        self.runtime = build.runtime(self.clients)
+        self.clients = settings.hosted(list(self.build.data.client_ids))
+        self.runtime = self.build.runtime(self.clients)
         self.run_key: str | None = None
         self._synced: tuple[int, ...] | None = None  # (round, mtime, inode, size) of the state file in memory now
 
@@ -225,7 +225,11 @@ class Site:
             raise protocol.MessageError(f"invalid run name {run_key!r}")
         self.run_key = run_key
         self.run_dir().mkdir(parents=True, exist_ok=True)
-        self.runtime.start(self.run_dir())
+        try:
+            self.runtime.start(self.run_dir())  # the callbacks' checks (PreconditionError)
+        except BaseException:
+            self.run_key = None  # not started: the next message starts (and checks) again
+            raise
         with self._exclusive():
             self._synced = None
             self._load_newest(round_index)
@@ -341,8 +345,7 @@ def site_for(flower_run: Any, run_args: list[str], settings: SiteSettings) -> Si
         # lives: what it imports and builds here stays (see heap.py).
         with long_lived():
             shared = (*run, settings.args)
-            build = _BUILDS.get(shared) or SiteBuild([*run_args, *settings.args])
-            if build.shareable:
-                _BUILDS[shared] = build
-            _SITES[key] = Site(run_args, settings, build)
+            site = _SITES[key] = Site(run_args, settings, _BUILDS.get(shared))
+            if site.build.shareable:
+                _BUILDS[shared] = site.build
     return _SITES[key]
