@@ -9,12 +9,17 @@ both final accuracies.
     python benchmarks/overhead.py [--rounds 20] [--image-size 16] [--repeats 2] [--device cpu]
 """
 
+# ruff: noqa: E402 (the imports of the repository follow the sys.path set-up)
 from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout, installed or not
 
 import lightning as L
 import torch

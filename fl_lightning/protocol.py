@@ -96,9 +96,7 @@ class MessageError(ValueError):
 # ---------------------------------------------------------------------------------------------------- encoding
 def _to_json(value: Any, buffers: list[Tensor]) -> Any:
     if isinstance(value, Tensor):
-        t = value.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
+        t = value.detach()  # left where it is: counting bytes (encoded_size) needs no copy off a GPU
         buffers.append(t)
         return {
             _TAG: "tensor",
@@ -138,7 +136,7 @@ def encode(obj: Any) -> bytes:
     parts = [MAGIC, struct.pack("<Q", len(header)), header]
     for t in buffers:
         if t.numel():
-            parts.append(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            parts.append(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return b"".join(parts)
 
 

@@ -31,6 +31,17 @@ def test_round_trip_of_every_plain_type_and_dtype():
     assert encoded_size(value) == len(encode(value))
 
 
+def test_counting_a_message_reads_no_tensor_data():
+    """The in-process transport counts bytes per message; a GPU tensor must not be copied to the host for that.
+
+    A tensor on the ``meta`` device has a shape and dtype but no data: any copy of it fails.
+    """
+    shapes = {"w": (3, 4), "b": (4,)}
+    real = Reply("c0", "g", state={k: torch.zeros(s, dtype=torch.bfloat16) for k, s in shapes.items()})
+    meta = Reply("c0", "g", state={k: torch.empty(s, dtype=torch.bfloat16, device="meta") for k, s in shapes.items()})
+    assert encoded_size(meta) == len(encode(real))
+
+
 def test_tasks_and_replies_come_back_as_themselves_with_a_task_inside_a_payload():
     inner = Task("fit", 1, "c1", "g", state={"w": torch.ones(2)})
     task = Task("query", 2, "c0", "global", query="X/selector", payloads={"X": {"task": inner}})
