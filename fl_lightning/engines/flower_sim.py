@@ -42,6 +42,7 @@ import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from fl_lightning.engines import flower_site  # noqa: E402
 from fl_lightning.engines.flower import import_server, make_client_app, make_server_app  # noqa: E402
 from fl_lightning.engines.flower_site import NODE_STATE_DIR  # noqa: E402
 
@@ -133,7 +134,9 @@ def _start_ray(init_args: dict[str, Any], verbose: bool) -> None:
     if os.environ.get("PYTHONPATH"):
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **args)
+    # Each actor starts importing Lightning as its process starts, not when its first message arrives.
+    hook = f"{flower_site.__name__}.{flower_site.warm_up.__name__}"
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}, "worker_process_setup_hook": hook}, **args)
 
 
 def _run_config(args: list[str]) -> dict[str, str]:

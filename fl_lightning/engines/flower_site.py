@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -326,6 +327,46 @@ _SITES: dict[tuple[Any, ...], Site] = {}
 _BUILDS: dict[tuple[Any, ...], SiteBuild] = {}
 
 
+_WARM_UP: threading.Thread | None = None
+
+
+def warm_up() -> None:
+    """Start importing what a site builds with (Lightning, the CLI, the runtime) in a thread of this process.
+
+    The Simulation Engine's Ray actors call this when their process starts (Ray's ``worker_process_setup_hook``,
+    set by :mod:`fl_lightning.engines.flower_sim`): an actor would otherwise import Lightning (≈ 4–5 s of CPU)
+    only when its first message arrives, after Ray and the ServerApp have started. :func:`site_for` waits for
+    the thread before it builds. A failed import is left to that build, which imports again and raises.
+    """
+    global _WARM_UP
+
+    def run() -> None:
+        try:
+            with long_lived():
+                import fl_lightning.cli  # noqa: F401
+                import fl_lightning.runtime  # noqa: F401
+        except Exception:  # noqa: BLE001, S110 - the site's build imports again and reports the error
+            pass
+
+    if _WARM_UP is None:
+        _WARM_UP = threading.Thread(target=run, name="fl-site-warm-up", daemon=True)
+        _WARM_UP.start()
+
+
+def _honour_omp_num_threads() -> None:
+    """Give torch the ``OMP_NUM_THREADS`` the process has now (Ray sets it for an actor after the warm-up began).
+
+    torch's thread pool takes its size when torch loads; loaded before Ray set the variable to the actor's CPUs,
+    it would use every core, and two actors on two cores then run several times slower.
+    """
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        if torch.get_num_threads() != int(threads):
+            torch.set_num_threads(int(threads))
+
+
 def site_for(flower_run: Any, run_args: list[str], settings: SiteSettings) -> Site:
     """The process's site of a node in a Flower run (built on the first message the process sees for that node).
 
@@ -335,6 +376,9 @@ def site_for(flower_run: Any, run_args: list[str], settings: SiteSettings) -> Si
     module, data and Trainer) unless a callback is ``runtime_bound``: each node only adds a runtime for its
     clients (≈ 10 ms instead of ≈ 0.3–0.7 s of parsing and instantiating for each further node).
     """
+    if _WARM_UP is not None:
+        _WARM_UP.join()  # one import at a time: long_lived's collector switch is per process, not per thread
+        _honour_omp_num_threads()
     run = (flower_run, tuple(run_args))
     if any(key[:2] != run for key in [*_SITES, *_BUILDS]):
         _SITES.clear()

@@ -7,13 +7,14 @@ import pytest
 
 pytest.importorskip("flwr", reason="the Flower engine needs the `flower` extra: pip install -e '.[flower]'")
 
+import importlib  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from fl_lightning import protocol  # noqa: E402
-from fl_lightning.engines import flower_site  # noqa: E402
+from fl_lightning.engines import flower_sim, flower_site  # noqa: E402
 from fl_lightning.engines.flower_sim import _run_config  # noqa: E402
 from fl_lightning.engines.flower_site import DEFAULT_STATE_DIR, Site, SiteSettings, site_for  # noqa: E402
 from fl_lightning.protocol import Task  # noqa: E402
@@ -150,6 +151,38 @@ def test_a_site_builds_without_importing_wandb(tmp_path: Path):
         f"site = Site(['--config', 'configs/fedavg_digits.yaml', *{TINY!r}], SiteSettings(('site0',), (), "
         f"Path({str(tmp_path)!r}))); "
         "assert site.runtime.trainer.logger is None; assert 'wandb' not in sys.modules, 'wandb imported'"
+    )
+    subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
+
+
+def test_ray_starts_every_actor_with_the_warm_up_hook(monkeypatch: pytest.MonkeyPatch):
+    """Each Ray actor's process starts importing Lightning at once (worker_process_setup_hook), not on its first
+    message."""
+    ray = pytest.importorskip("ray", reason="the Simulation Engine needs Ray: pip install -e '.[flower-sim]'")
+    seen: dict = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # _start_ray extends it; restored after
+    flower_sim._start_ray({}, verbose=False)
+    module, _, name = seen["runtime_env"]["worker_process_setup_hook"].rpartition(".")
+    assert getattr(importlib.import_module(module), name) is flower_site.warm_up
+    assert seen["runtime_env"]["env_vars"]["PYTHONPATH"].startswith(os.pathsep.join(sys.path))
+
+
+def test_a_warmed_up_site_imports_once_and_uses_the_threads_ray_gave_its_actor(tmp_path: Path):
+    """warm_up starts one import thread; site_for waits for it, and torch then takes the OMP_NUM_THREADS that Ray
+    sets for an actor after its process (and the warm-up) started — not every core, which made two actors on two
+    cores several times slower."""
+    probe = (
+        "import gc, os, sys, torch; from pathlib import Path; from fl_lightning.engines import flower_site as fs; "
+        "os.environ.pop('OMP_NUM_THREADS', None); torch.set_num_threads(3); "
+        "fs.warm_up(); first = fs._WARM_UP; fs.warm_up(); assert fs._WARM_UP is first, 'a second warm-up thread'; "
+        "os.environ['OMP_NUM_THREADS'] = '1'; "
+        f"site = fs.site_for('run', ['--config', 'configs/fedavg_digits.yaml', *{TINY!r}], "
+        f"fs.SiteSettings(('site0',), (), Path({str(tmp_path)!r}))); "
+        "assert not first.is_alive() and 'fl_lightning.cli' in sys.modules; "
+        "assert gc.isenabled(), 'collector left off'; "
+        "assert torch.get_num_threads() == 1, torch.get_num_threads()"
     )
     subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
 
