@@ -10,11 +10,12 @@ process and writes the usual run directory; ``num-supernodes`` virtual SuperNode
 ``run_simulation`` gives the apps an empty run config, so :func:`simulate` builds them with the run's own
 (:func:`~fl_lightning.engines.flower.make_server_app`, :func:`~fl_lightning.engines.flower.make_client_app`);
 ``min-nodes`` is the number of SuperNodes, so the server describes all of them before the first round.
-:func:`simulate` starts Ray itself, as Flower's backend would, while a thread imports what the ServerApp needs
-(Lightning): Ray's start-up mostly waits for its processes. The
-virtual sites keep their state in a fresh temporary directory (removed afterwards) unless ``state_dir`` is
-given: site states of an earlier run with the same run name must not leak into this one, and resuming a
-simulation's checkpoint needs the state directory it ran with.
+:func:`simulate` starts Ray itself, as Flower's backend would, while a thread imports the apps (torch, flwr) and
+what the ServerApp builds with (Lightning): Ray's start-up mostly waits for its processes; each Ray actor starts
+importing Lightning as its process starts (:func:`~fl_lightning.engines.flower_site.warm_up`). The virtual sites
+keep their state in a fresh temporary directory (removed afterwards) unless ``state_dir`` is given: site states
+of an earlier run with the same run name must not leak into this one, and resuming a simulation's checkpoint
+needs the state directory it ran with.
 
 What is not the Flower anchor's: every message is our protocol's blob (not Flower's ``ArrayRecord`` of the
 model), evaluation happens on the sites (the server holds no data, as in a deployment), and each site saves
@@ -42,9 +43,8 @@ import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from fl_lightning.engines import flower_site  # noqa: E402
-from fl_lightning.engines.flower import import_server, make_client_app, make_server_app  # noqa: E402
-from fl_lightning.engines.flower_site import NODE_STATE_DIR  # noqa: E402
+# Ray runs this in every actor's process as it starts (a thread that imports Lightning; see flower_site.warm_up).
+WARM_UP_HOOK = "fl_lightning.engines.flower_site.warm_up"
 
 
 def simulate(
@@ -78,8 +78,6 @@ def simulate(
         RuntimeError: If the ServerApp ended without a summary.
 
     """
-    from flwr.simulation import run_simulation  # needs Ray: the `flower-sim` extra
-
     # The server looks for replies every 10 ms, not 50: the engine's replies are in this process's memory, and
     # each round waits for two waves of them (fit, then evaluation on the sites).
     cfg = {**_run_config(args), "min-nodes": num_supernodes, "poll": 0.01, **(run_config or {})}
@@ -91,11 +89,20 @@ def simulate(
         init["num_cpus"] = math.ceil(num_supernodes * client_cpus)
     if init:
         backend["init_args"] = init
-    # Ray's start-up leaves CPU idle (it waits for its processes): the ServerApp's imports of Lightning run
-    # meanwhile, and once Ray is up the sites are asked to describe themselves at once (see run_server).
-    importer = threading.Thread(target=import_server, name="fl-import-server", daemon=True)
+    # Ray's start-up leaves CPU idle (it waits for its processes): the apps (torch, flwr) and then the ServerApp's
+    # Lightning are imported meanwhile in a thread, and once Ray is up the sites are asked to describe themselves
+    # at once (see run_server). This thread imports nothing heavy before Ray starts, and Flower's simulation only
+    # once the apps are in: two threads never import the same packages at the same time.
+    apps_imported = threading.Event()
+    importer = threading.Thread(target=_import_apps, args=(apps_imported,), name="fl-import-apps", daemon=True)
     importer.start()
     _start_ray(init, verbose)
+    apps_imported.wait()
+    from flwr.simulation import run_simulation  # needs Ray: the `flower-sim` extra
+
+    from fl_lightning.engines.flower import make_client_app, make_server_app
+    from fl_lightning.engines.flower_site import NODE_STATE_DIR
+
     try:
         with tempfile.TemporaryDirectory(prefix="fl-sim-state-") as scratch:
             node = {NODE_STATE_DIR: str(Path(state_dir or scratch).resolve())}
@@ -113,6 +120,15 @@ def simulate(
     if not summaries:
         raise RuntimeError("the ServerApp ended without a summary (see the log above)")
     return summaries[0]
+
+
+def _import_apps(imported: threading.Event) -> None:
+    """Import our Flower apps (torch, flwr), say so, then what the ServerApp builds with (Lightning)."""
+    try:
+        from fl_lightning.engines.flower import import_server
+    finally:
+        imported.set()  # on failure the driver's own import below raises the error
+    import_server()
 
 
 def _start_ray(init_args: dict[str, Any], verbose: bool) -> None:
@@ -135,8 +151,8 @@ def _start_ray(init_args: dict[str, Any], verbose: bool) -> None:
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
     # Each actor starts importing Lightning as its process starts, not when its first message arrives.
-    hook = f"{flower_site.__name__}.{flower_site.warm_up.__name__}"
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}, "worker_process_setup_hook": hook}, **args)
+    runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}, "worker_process_setup_hook": WARM_UP_HOOK}
+    ray.init(runtime_env=runtime_env, **args)
 
 
 def _run_config(args: list[str]) -> dict[str, str]:

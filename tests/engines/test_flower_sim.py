@@ -134,10 +134,13 @@ def test_fedavg_on_the_simulation_engine_equals_inprocess(tmp_path: Path):
         assert (tmp_path / "state" / f"partition-{i}" / "sim" / "round-00001.flm").exists()
 
 
-def test_the_simulation_driver_starts_without_lightning():
-    """The driver imports flwr and our apps only: a thread imports the ServerApp's Lightning while Ray starts."""
+def test_the_simulation_driver_starts_without_torch_or_lightning():
+    """The driver starts Ray before it imports anything heavy: a thread imports torch and the ServerApp's Lightning
+    while Ray starts; the apps' module alone still imports no Lightning."""
     probe = (
-        "import sys, fl_lightning.engines.flower_sim, fl_lightning.engines.flower as f; "
+        "import sys, fl_lightning.engines.flower_sim; "
+        "assert 'torch' not in sys.modules and 'flwr.simulation' not in sys.modules, 'imported before Ray starts'; "
+        "import fl_lightning.engines.flower as f; "
         "assert 'lightning' not in sys.modules, 'lightning imported'; "
         "assert callable(f.make_server_app) and callable(f.make_client_app)"
     )
