@@ -91,8 +91,8 @@ def simulate(
         backend["init_args"] = init
     # Ray's start-up leaves CPU idle (it waits for its processes): the apps (torch, flwr) and then the ServerApp's
     # Lightning are imported meanwhile in a thread, and once Ray is up the sites are asked to describe themselves
-    # at once (see run_server). This thread imports nothing heavy before Ray starts, and Flower's simulation only
-    # once the apps are in: two threads never import the same packages at the same time.
+    # at once (see run_server). The driver itself imports nothing heavy before Ray starts, and Flower's simulation
+    # only once the apps are in: two threads never import the same packages at the same time.
     apps_imported = threading.Event()
     importer = threading.Thread(target=_import_apps, args=(apps_imported,), name="fl-import-apps", daemon=True)
     importer.start()
