@@ -11,6 +11,7 @@ import importlib  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from fl_lightning import protocol  # noqa: E402
@@ -161,10 +162,9 @@ def test_a_site_builds_without_importing_wandb(tmp_path: Path):
 def test_ray_starts_every_actor_with_the_warm_up_hook(monkeypatch: pytest.MonkeyPatch):
     """Each Ray actor's process starts importing Lightning at once (worker_process_setup_hook), not on its first
     message."""
-    ray = pytest.importorskip("ray", reason="the Simulation Engine needs Ray: pip install -e '.[flower-sim]'")
     seen: dict = {}
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)  # what _start_ray passes, without starting Ray (or needing it)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # _start_ray extends it; restored after
     flower_sim._start_ray({}, verbose=False)
     module, _, name = seen["runtime_env"]["worker_process_setup_hook"].rpartition(".")
