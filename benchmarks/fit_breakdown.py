@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import copy
 import sys
 import time
 import traceback
@@ -42,12 +41,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # runs from a checkout, in
 import lightning as L
 import overhead
 import torch
-import torch.nn.functional as F
 
 from fl_lightning import Federation
 from fl_lightning import runtime as runtime_module
 from fl_lightning.local_fit import LocalFitter
-from fl_lightning.ops import RunningWeightedMean, aggregation_weights
 
 
 class Clock:
@@ -177,51 +174,14 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
 def timed_plain(args: argparse.Namespace) -> dict[str, Any]:
     """The plain loop of overhead.py with the same marks."""
     clock = Clock(args.device)
-    data = overhead.make_data(args)
-    net = overhead.make_model(data, args).net.to(args.device)
-    ids = data.client_ids
-    weights = aggregation_weights([data.num_train_samples(c) for c in ids])
     start = clock.now()
-    global_state = copy.deepcopy(net.state_dict())
-    steps = 0
-    for _ in range(args.rounds):
-        mean = RunningWeightedMean()
-        for cid, weight in zip(ids, weights):
-            with clock.span("setup"):
-                net.load_state_dict(global_state)
-                net.train()
-                opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-            with clock.span("steps"):
-                for x, y in data.client_train_loader(cid):
-                    x, y = x.to(args.device), y.to(args.device)
-                    opt.zero_grad()
-                    F.cross_entropy(net(x), y).backward()
-                    opt.step()
-                    steps += 1
-            with clock.span("own"):
-                mean.add(net.state_dict(), weight)
-        global_state = mean.result()
-    net.load_state_dict(global_state)
-    with clock.span("evaluation"):
-        for cid in ids:
-            overhead.evaluate(net, data.client_test_loader(cid), data.num_classes, args.device)
-        overhead.evaluate(net, data.pooled_test_loader(), data.num_classes, args.device)
-    total = clock.now() - start
-    return {
-        "total": total,
-        "fits": len(ids) * args.rounds,
-        "steps": steps,
-        "setup": clock.total("setup"),
-        "step_time": clock.total("steps"),
-        "own": clock.total("own"),
-        "evaluation": clock.total("evaluation"),
-    }
+    overhead.run_plain(args, clock.span)
+    return {"total": clock.now() - start, **{part: clock.total(part) for part in clock.spans}}
 
 
-def count_syncs(args: argparse.Namespace) -> tuple[collections.Counter[str], int]:
+def count_syncs(args: argparse.Namespace) -> collections.Counter[str]:
     """Host synchronisations of one Federation run, by the innermost frame of ours or Lightning's that caused it."""
     counts: collections.Counter[str] = collections.Counter()
-    fits = [0]
 
     torch_dir, lightning_dir = Path(torch.__file__).parent, Path(L.__file__).parent
 
@@ -239,14 +199,7 @@ def count_syncs(args: argparse.Namespace) -> tuple[collections.Counter[str], int
                 return
         counts["other"] += 1
 
-    def fit_wrapper(fit: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(self: LocalFitter, *a: Any, **kw: Any) -> Any:
-            fits[0] += 1
-            return fit(self, *a, **kw)
-
-        return wrapped
-
-    with warnings.catch_warnings(), patched(LocalFitter, "fit", fit_wrapper):
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
@@ -254,26 +207,16 @@ def count_syncs(args: argparse.Namespace) -> tuple[collections.Counter[str], int
             overhead.run_federation(args)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return counts, fits[0]
+    return counts
 
 
-def profile_owners(args: argparse.Namespace) -> tuple[dict[str, float], int]:
+def profile_owners(args: argparse.Namespace) -> dict[str, float]:
     """Self time of one Federation run under cProfile, summed by the package of each function."""
     import cProfile
     import pstats
 
-    fits = [0]
-
-    def fit_wrapper(fit: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(self: LocalFitter, *a: Any, **kw: Any) -> Any:
-            fits[0] += 1
-            return fit(self, *a, **kw)
-
-        return wrapped
-
     profiler = cProfile.Profile()
-    with patched(LocalFitter, "fit", fit_wrapper):
-        profiler.runcall(overhead.run_federation, args)
+    profiler.runcall(overhead.run_federation, args)
     dirs = {"Lightning": Path(L.__file__).parent, "torch (Python)": Path(torch.__file__).parent, "ours": ROOT}
     owners: dict[str, float] = collections.defaultdict(float)
     for (filename, _, _), (_, _, self_time, *_) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
@@ -282,7 +225,7 @@ def profile_owners(args: argparse.Namespace) -> tuple[dict[str, float], int]:
         if owner is None:
             owner = "C calls (torch ops, copies, launches)" if filename == "~" else "Python stdlib and others"
         owners[owner] += self_time
-    return owners, fits[0]
+    return owners
 
 
 def ms(seconds: float, count: int) -> str:
@@ -290,13 +233,7 @@ def ms(seconds: float, count: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--image-size", type=int, default=16)
-    parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs of each path; the fastest is reported")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser = overhead.workload_parser(__doc__, 2, "timed runs of each path; the fastest is reported")
     parser.add_argument("--profile", action="store_true", help="also the self time under cProfile by owner")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -311,7 +248,7 @@ def main() -> None:
     print(f"{'part':<50}{'plain ms/fit':>13}{'ours ms/fit':>13}{'ours − plain':>14}")
     rows = [
         ("set-up before the first step", plain["setup"], fed["setup"]),
-        ("steps", plain["step_time"], fed["step_time"]),
+        ("steps", plain["steps"], fed["step_time"]),
         ("after the last step: Lightning teardown", 0.0, fed["teardown"]),
         ("client runtime around the fit / running mean", plain["own"], fed["runtime_own"]),
         ("server in rounds: messages, aggregation, records", 0.0, fed["server_rounds"]),
@@ -322,24 +259,24 @@ def main() -> None:
     for name, p, f in rows:
         print(f"{name:<50}{ms(p, fits):>13}{ms(f, fits):>13}{ms(f - p, fits):>14}")
     print(
-        f"per step: plain {ms(plain['step_time'], plain['steps'])} ms, ours {ms(fed['step_time'], steps)} ms "
-        f"(Lightning's per-step dispatch ≈ {ms(fed['step_time'] - plain['step_time'], steps)} ms)"
+        f"per step: plain {ms(plain['steps'], steps)} ms, ours {ms(fed['step_time'], steps)} ms "
+        f"(Lightning's per-step dispatch ≈ {ms(fed['step_time'] - plain['steps'], steps)} ms)"
     )
     print(f"ratio of whole runs (synchronised marks): {fed['total'] / plain['total']:.3f}")
     if args.profile:
-        owners, counted_fits = profile_owners(args)
-        print(f"self time under cProfile by owner, ms per fit ({counted_fits} fits; the profiler inflates Python):")
+        owners = profile_owners(args)
+        print("self time under cProfile by owner, ms per fit (the profiler inflates Python):")
         for owner, seconds in sorted(owners.items(), key=lambda kv: -kv[1]):
-            print(f"  {ms(seconds, counted_fits)}  {owner}")
+            print(f"  {ms(seconds, fits)}  {owner}")
     if args.device == "cuda":
         try:
-            counts, counted_fits = count_syncs(args)
+            counts = count_syncs(args)
         except Exception as err:  # noqa: BLE001 - the timings above stand without the counts
             print(f"counting the host synchronisations failed: {err!r}")
             return
-        print(f"host synchronisations per fit ({counted_fits} fits), by the frame that caused them:")
+        print("host synchronisations per fit, by the frame that caused them:")
         for where, n in counts.most_common():
-            print(f"  {n / counted_fits:7.2f}  {where}")
+            print(f"  {n / fits:7.2f}  {where}")
 
 
 if __name__ == "__main__":

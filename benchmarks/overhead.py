@@ -17,6 +17,8 @@ import copy
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout, installed or not
@@ -73,8 +75,14 @@ def evaluate(
     return classification_metrics(torch.cat(logits), torch.cat(targets), num_classes)
 
 
-def run_plain(args: argparse.Namespace) -> tuple[float, float, dict[str, torch.Tensor]]:
-    """FedAvg written directly in PyTorch: the lower bound on the time of the same work."""
+def run_plain(
+    args: argparse.Namespace, span: Callable[[str], AbstractContextManager[object]] = lambda _: nullcontext()
+) -> tuple[float, float, dict[str, torch.Tensor]]:
+    """FedAvg written directly in PyTorch: the lower bound on the time of the same work.
+
+    ``span(part)`` wraps each part of the work (``setup``, ``steps``, ``own``, ``evaluation``) for
+    ``fit_breakdown.py``'s timings; by default it does nothing.
+    """
     data = make_data(args)
     net = make_model(data, args).net.to(args.device)
     ids = data.client_ids
@@ -84,32 +92,41 @@ def run_plain(args: argparse.Namespace) -> tuple[float, float, dict[str, torch.T
     for _ in range(args.rounds):
         mean = RunningWeightedMean()
         for cid, weight in zip(ids, weights):
-            net.load_state_dict(global_state)
-            net.train()
-            opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-            for x, y in data.client_train_loader(cid):
-                x, y = x.to(args.device), y.to(args.device)
-                opt.zero_grad()
-                F.cross_entropy(net(x), y).backward()
-                opt.step()
-            mean.add(net.state_dict(), weight)
+            with span("setup"):
+                net.load_state_dict(global_state)
+                net.train()
+                opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+            with span("steps"):
+                for x, y in data.client_train_loader(cid):
+                    x, y = x.to(args.device), y.to(args.device)
+                    opt.zero_grad()
+                    F.cross_entropy(net(x), y).backward()
+                    opt.step()
+            with span("own"):
+                mean.add(net.state_dict(), weight)
         global_state = mean.result()
     net.load_state_dict(global_state)
-    for cid in ids:  # the Federation evaluates every client's test set too
-        evaluate(net, data.client_test_loader(cid), data.num_classes, args.device)
-    acc = evaluate(net, data.pooled_test_loader(), data.num_classes, args.device)["acc"]
+    with span("evaluation"):
+        for cid in ids:  # the Federation evaluates every client's test set too
+            evaluate(net, data.client_test_loader(cid), data.num_classes, args.device)
+        acc = evaluate(net, data.pooled_test_loader(), data.num_classes, args.device)["acc"]
     return time.perf_counter() - start, acc, {f"net.{k}": v.cpu() for k, v in global_state.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
+    """The command line of this workload (shared with ``fit_breakdown.py``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="alternate both runs this many times; report the best")
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 gives the steadiest timings)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both runs train")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = workload_parser(__doc__, 3, "alternate both runs this many times; report the best").parse_args()
     torch.set_num_threads(args.threads)
     fed_times, plain_times = [], []
     for _ in range(args.repeats):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,3 +26,10 @@ def long_lived() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+def import_long_lived(*modules: str) -> None:
+    """Import ``modules`` (and whatever they import) inside :func:`long_lived`: for a process that keeps them."""
+    with long_lived():
+        for name in modules:
+            importlib.import_module(name)

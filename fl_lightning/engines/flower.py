@@ -45,6 +45,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_lightning import protocol
 from fl_lightning.engines.flower_site import SiteSettings, site_for
 from fl_lightning.errors import PreconditionError
+from fl_lightning.heap import import_long_lived
 from fl_lightning.protocol import Reply, Task
 from fl_lightning.transport import Transport
 
@@ -346,11 +347,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
 
 def import_server() -> None:
     """What the server builds its Federation with (Lightning; out of the collector's way, see heap.py)."""
-    from fl_lightning.heap import long_lived
-
-    with long_lived():
-        import fl_lightning.cli  # noqa: F401
-        import fl_lightning.federation  # noqa: F401
+    import_long_lived("fl_lightning.cli", "fl_lightning.federation")
 
 
 def make_server_app(

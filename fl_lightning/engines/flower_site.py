@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - not POSIX: one process per node is the
     fcntl = None  # type: ignore[assignment]
 
 from fl_lightning import protocol
-from fl_lightning.heap import long_lived
+from fl_lightning.heap import import_long_lived, long_lived
 from fl_lightning.protocol import Task
 
 if TYPE_CHECKING:
@@ -342,9 +342,7 @@ def warm_up() -> None:
 
     def run() -> None:
         try:
-            with long_lived():
-                import fl_lightning.cli  # noqa: F401
-                import fl_lightning.runtime  # noqa: F401
+            import_long_lived("fl_lightning.cli", "fl_lightning.runtime")
         except Exception:  # noqa: BLE001, S110 - the site's build imports again and reports the error
             pass
 
@@ -376,8 +374,10 @@ def site_for(flower_run: Any, run_args: list[str], settings: SiteSettings) -> Si
     module, data and Trainer) unless a callback is ``runtime_bound``: each node only adds a runtime for its
     clients (≈ 10 ms instead of ≈ 0.3–0.7 s of parsing and instantiating for each further node).
     """
-    if _WARM_UP is not None:
+    global _WARM_UP
+    if _WARM_UP is not None:  # once per process, not per message
         _WARM_UP.join()  # one import at a time: long_lived's collector switch is per process, not per thread
+        _WARM_UP = None
         _honour_omp_num_threads()
     run = (flower_run, tuple(run_args))
     if any(key[:2] != run for key in [*_SITES, *_BUILDS]):

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from fl_lightning.heap import long_lived
+from fl_lightning.heap import import_long_lived, long_lived
 
 
 @pytest.fixture(autouse=True)
@@ -35,4 +35,13 @@ def test_long_lived_restores_the_collector_when_the_block_raises():
     gc.enable()
     with pytest.raises(RuntimeError, match="boom"), long_lived():
         raise RuntimeError("boom")
+    assert gc.isenabled()
+
+
+def test_import_long_lived_imports_the_modules_with_the_collector_paused(monkeypatch: pytest.MonkeyPatch):
+    seen: list[tuple[str, bool]] = []
+    monkeypatch.setattr("importlib.import_module", lambda name: seen.append((name, gc.isenabled())))
+    gc.enable()
+    import_long_lived("a.b", "c")
+    assert seen == [("a.b", False), ("c", False)]
     assert gc.isenabled()
