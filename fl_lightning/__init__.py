@@ -9,6 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fl_lightning import lean_imports
+
+# Before anything imports Lightning: its import of torchmetrics then skips scipy.signal (see lean_imports.py).
+lean_imports.install()
+
 _WHERE = {
     "ClassificationClient": "fl_lightning.clients",
     "ClientModule": "fl_lightning.clients",
