@@ -13,7 +13,9 @@ Lightning first just loads ``scipy.signal`` as before. The first import of torch
 ``sys.modules`` and from the ``scipy`` package, so the first real ``import scipy.signal`` (ours, scikit-learn's, a
 torchmetrics audio metric's) loads SciPy's module as usual. Should a torchmetrics version use anything else of
 ``scipy.signal`` while it loads, its import runs again with the real module (the placeholder then only cost a failed
-attempt).
+attempt). The placeholder is process-wide for those ≈ 2 s: a thread importing ``scipy.signal`` meanwhile would get
+it. None of ours does (the Flower driver imports Flower's simulation and Ray in parallel with Lightning; neither
+imports ``scipy.signal``).
 """
 
 from __future__ import annotations
