@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # runs from a checkout, installed or not
@@ -86,16 +87,6 @@ class StepMarks(L.Callback):
         self.last = self.clock.now()
 
 
-@contextlib.contextmanager
-def patched(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
 def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
     """Run the Federation once with marks around every fit; the split in seconds."""
     clock = Clock(args.device)
@@ -144,9 +135,9 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
         return wrapped
 
     with (
-        patched(LocalFitter, "fit", fit_wrapper),
-        patched(runtime_module.ClientRuntime, "handle", handle_wrapper),
-        patched(Federation, "run_round", round_wrapper),
+        mock.patch.object(LocalFitter, "fit", fit_wrapper(LocalFitter.fit)),
+        mock.patch.object(runtime_module.ClientRuntime, "handle", handle_wrapper(runtime_module.ClientRuntime.handle)),
+        mock.patch.object(Federation, "run_round", round_wrapper(Federation.run_round)),
     ):
         start = clock.now()
         overhead.run_federation(args)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import sys
 import types
@@ -53,7 +54,7 @@ def _hamming(*args: Any, **kwargs: Any) -> Any:
 
 
 class _TorchmetricsFinder(importlib.abc.MetaPathFinder):
-    """Finds torchmetrics with the finders after it, and wraps the loader; leaves ``sys.meta_path`` on first use."""
+    """Finds torchmetrics with the other finders and wraps its loader; leaves ``sys.meta_path`` on first use."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
@@ -61,14 +62,10 @@ class _TorchmetricsFinder(importlib.abc.MetaPathFinder):
         if fullname != PACKAGE:
             return None
         sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None and DEFERRED not in sys.modules:
-                    spec.loader = _WithoutScipySignal(spec.loader)
-                return spec
-        return None
+        spec = importlib.util.find_spec(fullname)  # the finders after this one, as the import would have asked them
+        if spec is not None and spec.loader is not None and DEFERRED not in sys.modules:
+            spec.loader = _WithoutScipySignal(spec.loader)
+        return spec
 
 
 class _WithoutScipySignal(importlib.abc.Loader):
