@@ -47,8 +47,9 @@ def make_model(data: DigitsFederated, args: argparse.Namespace) -> Classificatio
         in_channels=data.in_channels,
         image_size=data.image_size,
         width=args.width,
+        norm=args.norm,
         lr=0.05,
-        momentum=0.9,
+        momentum=args.momentum,
     )
 
 
@@ -95,7 +96,7 @@ def run_plain(
             with span("setup"):
                 net.load_state_dict(global_state)
                 net.train()
-                opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+                opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=args.momentum)
             with span("steps"):
                 for x, y in data.client_train_loader(cid):
                     x, y = x.to(args.device), y.to(args.device)
@@ -119,6 +120,9 @@ def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.Argum
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--width", type=int, default=32)
+    # W1 (../shared/bench): --image-size 32 --norm none --momentum 0 --threads 2
+    parser.add_argument("--norm", default="batch", choices=["batch", "none"], help="SmallCNN's norm layers")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (both runs)")
     parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 gives the steadiest timings)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both runs train")
