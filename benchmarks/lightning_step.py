@@ -1,27 +1,35 @@
 """Lightning's own cost per training step and per ``trainer.fit``, on a model whose compute is negligible.
 
 A ``Linear(4, 2)`` trained with SGD on batches of 32 in memory, the same steps once as a plain PyTorch loop and once
-through ``trainer.fit`` (no logger, checkpointing, progress bar or model summary: the shared Trainer's settings),
-alternating, in one process. With the model's compute near zero, what is left of the difference is Lightning's
-dispatch (hooks, the optimisation closure, ``LightningOptimizer``, loop bookkeeping): a floor under the per-step
-overhead of any Lightning fit on this machine. Short fits of a few steps (one per client, as the Federation runs
-them) add Lightning's fixed set-up and teardown per fit, measured here too.
+through the Federation's path to Lightning (a Trainer with the CLI's defaults and no logger, driven by
+:class:`fl_lightning.local_fit.LocalFitter`), alternating, in one process. With the model's compute near zero, what
+is left of the difference is Lightning's dispatch (hooks, the optimisation closure, ``LightningOptimizer``, loop
+bookkeeping): a floor under the per-step overhead of any client fit on this machine. Short fits of a few steps (one
+per client, as the Federation runs them) add Lightning's fixed set-up and teardown per fit, measured here too.
 
     python benchmarks/lightning_step.py [--steps 500] [--fit-steps 5] [--repeats 3]
 """
 
+# ruff: noqa: E402 (the imports of the repository follow the sys.path set-up)
 from __future__ import annotations
 
 import argparse
 import logging
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout, installed or not
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
+
+from fl_lightning.cli import TRAINER_DEFAULTS
+from fl_lightning.local_fit import LocalFitter
 
 BATCH = 32
 
@@ -60,29 +68,18 @@ def plain_fit(data: DataLoader) -> float:
 
 
 def lightning_fits(data: DataLoader, fits: int) -> tuple[float, int]:
-    """``fits`` consecutive ``trainer.fit`` calls of one pass each on ONE Trainer (as the Federation).
+    """``fits`` consecutive one-pass fits on ONE Trainer, run as the Federation runs a client's.
 
     Returns:
         The seconds they took and the training steps they ran (every fit must run its pass: a Trainer whose
         epoch budget was not raised would return at once, and the benchmark would time nothing).
 
     """
-    trainer = L.Trainer(
-        max_epochs=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
-    )
+    fitter = LocalFitter(L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False}))
     module = Tiny()
     start = time.perf_counter()
-    for _ in range(fits):
-        trainer.fit_loop.max_epochs = trainer.current_epoch + 1  # the Federation's raised budget
-        trainer.fit(module, train_dataloaders=data)
-    return time.perf_counter() - start, trainer.global_step
+    steps = sum(fitter.fit(module, data, epochs=1, client_id="tiny")[0] for _ in range(fits))
+    return time.perf_counter() - start, steps
 
 
 def main() -> None:
