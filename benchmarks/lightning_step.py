@@ -1,13 +1,18 @@
-"""Lightning's own cost per training step and per ``trainer.fit``, on a model whose compute is negligible.
+"""Lightning's own cost per training step and per ``trainer.fit``, beyond a plain loop doing the same steps.
 
-A ``Linear(4, 2)`` trained with SGD on batches of 32 in memory, the same steps once as a plain PyTorch loop and once
-through the Federation's path to Lightning (a Trainer with the CLI's defaults and no logger, driven by
-:class:`fl_lightning.local_fit.LocalFitter`), alternating, in one process. With the model's compute near zero, what
-is left of the difference is Lightning's dispatch (hooks, the optimisation closure, ``LightningOptimizer``, loop
-bookkeeping): a floor under the per-step overhead of any client fit on this machine. Short fits of a few steps (one
-per client, as the Federation runs them) add Lightning's fixed set-up and teardown per fit, measured here too.
+The same steps run once as a plain PyTorch loop and once through the Federation's path to Lightning (a Trainer with
+the CLI's defaults and no logger, driven by :class:`fl_lightning.local_fit.LocalFitter`), alternating, in one
+process: one long fit (the per-step cost) and many short fits of a few steps on the one Trainer, as the Federation
+runs a client's (the fixed set-up and teardown per fit). Two workloads:
 
-    python benchmarks/lightning_step.py [--steps 500] [--fit-steps 5] [--repeats 3]
+- ``tiny``: a ``Linear(4, 2)`` on batches of 32 in memory, whose compute is negligible: what is left is Lightning's
+  dispatch (hooks, the optimisation closure, ``LightningOptimizer``, loop bookkeeping), a floor under the per-step
+  overhead of any client fit on this machine;
+- ``w1``: the shared benchmark's W1 step (``../shared/bench``: the digits at 32 px, SmallCNN without norm layers,
+  SGD lr 0.05 without momentum, batch 32, a client's own loader; run it with ``--threads 2`` as W1 does): the
+  per-step cost that any way of grouping client fits (one ``trainer.fit`` per client or one per round) would keep.
+
+    python benchmarks/lightning_step.py [--workload tiny|w1] [--steps 500] [--fit-steps 5] [--threads 1]
 """
 
 # ruff: noqa: E402 (the imports of the repository follow the sys.path set-up)
@@ -19,9 +24,12 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout, installed or not
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # runs from a checkout, installed or not
 
 import lightning as L
 import torch
@@ -32,6 +40,14 @@ from fl_lightning.cli import TRAINER_DEFAULTS
 from fl_lightning.local_fit import LocalFitter
 
 BATCH = 32
+
+
+class Workload(NamedTuple):
+    """What both paths train: the module (its ``net`` for the plain loop), its loaders, the SGD learning rate."""
+
+    module: L.LightningModule
+    loader: Callable[[int], DataLoader]  # a loader of exactly ``steps`` batches
+    lr: float
 
 
 class Tiny(L.LightningModule):
@@ -49,17 +65,33 @@ class Tiny(L.LightningModule):
 
 
 def loader(steps: int) -> DataLoader:
+    """``steps`` batches of the tiny workload."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(steps * BATCH, 4, generator=generator)
     y = torch.randint(0, 2, (steps * BATCH,), generator=generator)
     return DataLoader(TensorDataset(x, y), batch_size=BATCH)
 
 
-def plain_fit(data: DataLoader) -> float:
-    """Seconds for one pass of plain SGD (new optimiser, like a client fit)."""
+def tiny_workload() -> Workload:
+    """``Tiny`` on random batches."""
+    return Workload(Tiny(), loader, 0.1)
+
+
+def w1_workload() -> Workload:
+    """W1's client module and its first client's loader (of any number of steps)."""
+    import overhead  # the digits workload of the overhead benchmark, here with W1's settings
+
+    args = argparse.Namespace(image_size=32, width=32, norm="none", momentum=0.0)
+    data = overhead.make_data(args)
+    client = data.client_ids[0]
+    module = overhead.make_model(data, args)
+    return Workload(module, lambda steps: data.client_train_loader(client, steps=steps), module.hparams.lr)
+
+
+def plain_fit(net: torch.nn.Module, lr: float, data: DataLoader) -> float:
+    """Seconds for one pass of plain SGD over ``data`` (a new optimiser, like a client fit)."""
     start = time.perf_counter()
-    net = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
     for x, y in data:
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
@@ -67,8 +99,10 @@ def plain_fit(data: DataLoader) -> float:
     return time.perf_counter() - start
 
 
-def lightning_fits(data: DataLoader, fits: int) -> tuple[float, int]:
-    """``fits`` consecutive one-pass fits on ONE Trainer, run as the Federation runs a client's.
+def lightning_fits(data: DataLoader, fits: int, module: L.LightningModule | None = None) -> tuple[float, int]:
+    """``fits`` consecutive one-pass fits of ``module`` (a new ``Tiny`` by default) on ONE Trainer.
+
+    Runs them as the Federation runs a client's.
 
     Returns:
         The seconds they took and the training steps they ran (every fit must run its pass: a Trainer whose
@@ -76,38 +110,58 @@ def lightning_fits(data: DataLoader, fits: int) -> tuple[float, int]:
 
     """
     fitter = LocalFitter(L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False}))
-    module = Tiny()
+    module = Tiny() if module is None else module
     start = time.perf_counter()
-    steps = sum(fitter.fit(module, data, epochs=1, client_id="tiny")[0] for _ in range(fits))
+    steps = sum(fitter.fit(module, data, epochs=1, client_id="bench")[0] for _ in range(fits))
     return time.perf_counter() - start, steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["tiny", "w1"], default="tiny", help="the step both paths run")
     parser.add_argument("--steps", type=int, default=500, help="steps of the one long fit")
     parser.add_argument("--fit-steps", type=int, default=5, help="steps of each short fit (W1: ≈ 5 per client)")
     parser.add_argument("--fits", type=int, default=100, help="short fits per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="alternate both paths this many times; report medians")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (W1 runs with 2)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")  # Lightning's "few workers" and "fit stopped" notices
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    long_data, short_data = loader(args.steps), loader(args.fit_steps)
-    lightning_fits(short_data, 2)  # warm-up: first-call costs of both paths
-    plain_fit(short_data)
-    per_step, per_fit = [], []
+    module, loaders, lr = tiny_workload() if args.workload == "tiny" else w1_workload()
+    long_data, short_data = loaders(args.steps), loaders(args.fit_steps)
+    lightning_fits(short_data, 2, module)  # warm-up: first-call costs of both paths
+    plain_fit(module.net, lr, short_data)
+    per_step, per_fit, plain_steps = [], [], []
     for _ in range(args.repeats):
-        plain_long = plain_fit(long_data)
-        seconds, _ = lightning_fits(long_data, 1)
+        plain_long = plain_fit(module.net, lr, long_data)
+        seconds, _ = lightning_fits(long_data, 1, module)
+        plain_steps.append(plain_long / args.steps)
         per_step.append((seconds - plain_long) / args.steps)
-        plain_short = sum(plain_fit(short_data) for _ in range(args.fits))
-        seconds, _ = lightning_fits(short_data, args.fits)
+        plain_short = sum(plain_fit(module.net, lr, short_data) for _ in range(args.fits))
+        seconds, _ = lightning_fits(short_data, args.fits, module)
         per_fit.append((seconds - plain_short) / args.fits)
     step_ms, fit_ms = 1e3 * statistics.median(per_step), 1e3 * statistics.median(per_fit)
-    print(f"Lightning {L.__version__}, torch {torch.__version__}, 1 thread, medians of {args.repeats}")
-    print(f"per step, one fit of {args.steps} steps:        {step_ms:6.3f} ms beyond the plain loop")
-    print(f"per fit of {args.fit_steps} steps on one Trainer:       {fit_ms:6.3f} ms beyond the plain loop")
+    plain_ms = 1e3 * statistics.median(plain_steps)
+    print(
+        f"{args.workload}: Lightning {L.__version__}, torch {torch.__version__}, {args.threads} thread(s), "
+        f"medians of {args.repeats} (min–max)"
+    )
+    print(f"plain step:                                  {plain_ms:6.3f} ms {spread(plain_steps)}")
+    print(
+        f"per step, one fit of {args.steps} steps:        {step_ms:6.3f} ms {spread(per_step)} beyond the plain "
+        f"loop ({100 * step_ms / plain_ms:.1f} % of its step)"
+    )
+    print(
+        f"per fit of {args.fit_steps} steps on one Trainer:       {fit_ms:6.3f} ms {spread(per_fit)} beyond the "
+        "plain loop"
+    )
     print(f"  of which fixed per fit (set-up, teardown): {fit_ms - args.fit_steps * step_ms:6.3f} ms")
+
+
+def spread(seconds: list[float]) -> str:
+    """``(min–max)`` of a list of seconds, in milliseconds: this shared machine's timings vary from repeat to repeat."""
+    return f"({1e3 * min(seconds):.3f}–{1e3 * max(seconds):.3f})"
 
 
 if __name__ == "__main__":

@@ -5,17 +5,32 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import lightning_step  # noqa: E402
 
 
-def test_every_fit_on_the_one_trainer_runs_its_steps() -> None:
-    seconds, steps = lightning_step.lightning_fits(lightning_step.loader(3), fits=4)
+@pytest.mark.parametrize("make", [lightning_step.tiny_workload, lightning_step.w1_workload], ids=["tiny", "w1"])
+def test_every_fit_on_the_one_trainer_runs_its_steps(make) -> None:
+    workload = make()
+    seconds, steps = lightning_step.lightning_fits(workload.loader(3), fits=4, module=workload.module)
     assert steps == 4 * 3
     assert seconds > 0
 
 
-def test_the_plain_fit_runs_one_pass() -> None:
-    assert len(lightning_step.loader(7)) == 7
-    assert lightning_step.plain_fit(lightning_step.loader(2)) > 0
+@pytest.mark.parametrize("make", [lightning_step.tiny_workload, lightning_step.w1_workload], ids=["tiny", "w1"])
+def test_the_plain_fit_runs_one_pass_that_trains_the_net(make) -> None:
+    workload = make()
+    data = workload.loader(7)
+    assert len(data) == 7
+    before = [p.detach().clone() for p in workload.module.net.parameters()]
+    assert lightning_step.plain_fit(workload.module.net, workload.lr, data) > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, workload.module.net.parameters(), strict=True))
+
+
+def test_w1_is_the_shared_benchmarks_step() -> None:
+    hp = lightning_step.w1_workload().module.hparams
+    assert (tuple(hp.image_size), hp.norm, hp.lr, hp.momentum) == ((32, 32), "none", 0.05, 0.0)
