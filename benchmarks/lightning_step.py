@@ -99,10 +99,8 @@ def plain_fit(net: torch.nn.Module, lr: float, data: DataLoader) -> float:
     return time.perf_counter() - start
 
 
-def lightning_fits(data: DataLoader, fits: int, module: L.LightningModule | None = None) -> tuple[float, int]:
-    """``fits`` consecutive one-pass fits of ``module`` (a new ``Tiny`` by default) on ONE Trainer.
-
-    Runs them as the Federation runs a client's.
+def lightning_fits(module: L.LightningModule, data: DataLoader, fits: int) -> tuple[float, int]:
+    """``fits`` consecutive one-pass fits of ``module`` on ONE Trainer, run as the Federation runs a client's.
 
     Returns:
         The seconds they took and the training steps they ran (every fit must run its pass: a Trainer whose
@@ -110,7 +108,6 @@ def lightning_fits(data: DataLoader, fits: int, module: L.LightningModule | None
 
     """
     fitter = LocalFitter(L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False}))
-    module = Tiny() if module is None else module
     start = time.perf_counter()
     steps = sum(fitter.fit(module, data, epochs=1, client_id="bench")[0] for _ in range(fits))
     return time.perf_counter() - start, steps
@@ -130,16 +127,16 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     module, loaders, lr = tiny_workload() if args.workload == "tiny" else w1_workload()
     long_data, short_data = loaders(args.steps), loaders(args.fit_steps)
-    lightning_fits(short_data, 2, module)  # warm-up: first-call costs of both paths
+    lightning_fits(module, short_data, 2)  # warm-up: first-call costs of both paths
     plain_fit(module.net, lr, short_data)
     per_step, per_fit, plain_steps = [], [], []
     for _ in range(args.repeats):
         plain_long = plain_fit(module.net, lr, long_data)
-        seconds, _ = lightning_fits(long_data, 1, module)
+        seconds, _ = lightning_fits(module, long_data, 1)
         plain_steps.append(plain_long / args.steps)
         per_step.append((seconds - plain_long) / args.steps)
         plain_short = sum(plain_fit(module.net, lr, short_data) for _ in range(args.fits))
-        seconds, _ = lightning_fits(short_data, args.fits, module)
+        seconds, _ = lightning_fits(module, short_data, args.fits)
         per_fit.append((seconds - plain_short) / args.fits)
     step_ms, fit_ms = 1e3 * statistics.median(per_step), 1e3 * statistics.median(per_fit)
     plain_ms = 1e3 * statistics.median(plain_steps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,17 +13,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import lightning_step  # noqa: E402
 
+WORKLOADS = pytest.mark.parametrize(
+    "make", [lightning_step.tiny_workload, lightning_step.w1_workload], ids=["tiny", "w1"]
+)
 
-@pytest.mark.parametrize("make", [lightning_step.tiny_workload, lightning_step.w1_workload], ids=["tiny", "w1"])
-def test_every_fit_on_the_one_trainer_runs_its_steps(make) -> None:
+
+@WORKLOADS
+def test_every_fit_on_the_one_trainer_runs_its_steps(make: Callable[[], lightning_step.Workload]) -> None:
     workload = make()
-    seconds, steps = lightning_step.lightning_fits(workload.loader(3), fits=4, module=workload.module)
+    seconds, steps = lightning_step.lightning_fits(workload.module, workload.loader(3), fits=4)
     assert steps == 4 * 3
     assert seconds > 0
 
 
-@pytest.mark.parametrize("make", [lightning_step.tiny_workload, lightning_step.w1_workload], ids=["tiny", "w1"])
-def test_the_plain_fit_runs_one_pass_that_trains_the_net(make) -> None:
+@WORKLOADS
+def test_the_plain_fit_runs_one_pass_that_trains_the_net(make: Callable[[], lightning_step.Workload]) -> None:
     workload = make()
     data = workload.loader(7)
     assert len(data) == 7
