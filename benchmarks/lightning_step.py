@@ -81,11 +81,14 @@ def w1_workload() -> Workload:
     """W1's client module and its first client's loader (of any number of steps)."""
     import overhead  # the digits workload of the overhead benchmark, here with W1's settings
 
-    args = argparse.Namespace(image_size=32, width=32, norm="none", momentum=0.0)
+    args = overhead.workload_parser(__doc__, 1, "").parse_args(overhead.W1_FLAGS)
     data = overhead.make_data(args)
     client = data.client_ids[0]
     module = overhead.make_model(data, args)
     return Workload(module, lambda steps: data.client_train_loader(client, steps=steps), module.hparams.lr)
+
+
+WORKLOADS: dict[str, Callable[[], Workload]] = {"tiny": tiny_workload, "w1": w1_workload}
 
 
 def plain_fit(net: torch.nn.Module, lr: float, data: DataLoader) -> float:
@@ -115,7 +118,7 @@ def lightning_fits(module: L.LightningModule, data: DataLoader, fits: int) -> tu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=["tiny", "w1"], default="tiny", help="the step both paths run")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="tiny", help="the step both paths run")
     parser.add_argument("--steps", type=int, default=500, help="steps of the one long fit")
     parser.add_argument("--fit-steps", type=int, default=5, help="steps of each short fit (W1: ≈ 5 per client)")
     parser.add_argument("--fits", type=int, default=100, help="short fits per repeat")
@@ -125,7 +128,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")  # Lightning's "few workers" and "fit stopped" notices
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    module, loaders, lr = tiny_workload() if args.workload == "tiny" else w1_workload()
+    module, loaders, lr = WORKLOADS[args.workload]()
     long_data, short_data = loaders(args.steps), loaders(args.fit_steps)
     lightning_fits(module, short_data, 2)  # warm-up: first-call costs of both paths
     plain_fit(module.net, lr, short_data)

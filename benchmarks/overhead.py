@@ -114,13 +114,16 @@ def run_plain(
     return time.perf_counter() - start, acc, {f"net.{k}": v.cpu() for k, v in global_state.items()}
 
 
+#: W1's model and optimiser (../shared/bench/fl_w1.yaml) in this workload's flags; W1 also runs ``--threads 2``.
+W1_FLAGS = ("--image-size", "32", "--norm", "none", "--momentum", "0")
+
+
 def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
     """The command line of this workload (shared with ``fit_breakdown.py``)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--width", type=int, default=32)
-    # W1 (../shared/bench): --image-size 32 --norm none --momentum 0 --threads 2
     parser.add_argument("--norm", default="batch", choices=["batch", "none"], help="SmallCNN's norm layers")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (both runs)")
     parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)

@@ -13,9 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import lightning_step  # noqa: E402
 
-WORKLOADS = pytest.mark.parametrize(
-    "make", [lightning_step.tiny_workload, lightning_step.w1_workload], ids=["tiny", "w1"]
-)
+WORKLOADS = pytest.mark.parametrize("make", list(lightning_step.WORKLOADS.values()), ids=list(lightning_step.WORKLOADS))
 
 
 @WORKLOADS
