@@ -2,31 +2,64 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
 
-def load_state_file(path: Path, what: str) -> dict[str, Any]:
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's bytes (hex), read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_state_file(path: Path, what: str, sha256: str | None = None) -> dict[str, Any]:
     """``torch.load`` a dict onto the CPU with ``weights_only=True`` (no arbitrary unpickling).
 
     Args:
         path: The file.
         what: What the file is, for the error messages (e.g. ``"checkpoint"``).
+        sha256: The digest the file must have (the one recorded when it was written); None checks nothing.
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        RuntimeError: If the file is unreadable (truncated, corrupt) or holds no dict, naming it.
+        RuntimeError: If the file is unreadable (truncated, corrupt, not a state file), holds no dict, or its
+            digest is not ``sha256``, naming it.
 
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise RuntimeError(
+            f"{what} {path} is not the file its checkpoint was written with (its sha256 differs from the recorded "
+            "one: replaced or changed since)"
+        )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises several types for a damaged file
-        raise RuntimeError(f"{what} {path} is unreadable (truncated or corrupt): {err}") from err
+        raise RuntimeError(
+            f"{what} {path} is unreadable (truncated, corrupt or not a state file): {_reason(err)}"
+        ) from None
     if not isinstance(state, dict):
         raise RuntimeError(f"{what} {path} does not hold a dict")
     return state
+
+
+def _reason(err: BaseException) -> str:
+    """The loader's own reason in one line, without its advice to load the file unsafely.
+
+    For a file that holds more than tensors and plain data, torch suggests retrying with ``weights_only=False``,
+    which would run whatever code the file carries: never pass that on.
+    """
+    if "weights_only" in str(err):
+        return "it holds objects other than tensors and plain data"
+    first = str(err).strip().splitlines()
+    return first[0] if first else type(err).__name__

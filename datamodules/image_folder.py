@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,14 @@ class ImageFolderFederated(FederatedDataModule):
     list) or else the sorted union of all class directory names. Every client's images are split into train and
     test (stratified).
 
+    A class directory without images is handled by whether another client has images of that class. If none has,
+    the class would exist only because of the empty directories: when classes are taken from the directory names
+    this is refused (it would silently add a phantom class to ``num_classes``) with an error naming every such client
+    and directory; the fix is to delete them or to pass ``classes``, which declares the classes (an explicitly given
+    class may have no images anywhere). If another client has images of the class, the empty directory does not
+    change the classes (non-IID clients may legitimately lack a class) but may be a copy that went wrong, so a
+    ``UserWarning`` names the client and the directory. A client with no directory at all for a class is silent.
+
     Args:
         root: The root directory.
         classes: Class names in label order (None: sorted union of the class directories found).
@@ -101,9 +110,27 @@ class ImageFolderFederated(FederatedDataModule):
         client_dirs = _visible_dirs(self.root)
         if not client_dirs:
             raise ValueError(f"no client directories in {self.root}; expected root/<client>/<class>/*.png")
+        class_dirs = [d for client in client_dirs for d in _visible_dirs(client)]
+        empty = [d for d in class_dirs if not _image_files(d)]
+        with_images = {d.name for d in class_dirs if d not in empty}
         classes = self.classes
         if classes is None:
-            classes = sorted({d.name for client in client_dirs for d in _visible_dirs(client)})
+            phantom = [d for d in empty if d.name not in with_images]
+            if phantom:
+                where = ", ".join(f"client {d.parent.name!r}: {d}" for d in phantom)
+                raise ValueError(
+                    f"class directories with no images in any client would add classes "
+                    f"{sorted({d.name for d in phantom})} without a single sample ({where}); delete them, or pass "
+                    f"classes=[...] to declare the classes explicitly"
+                )
+            classes = sorted({d.name for d in class_dirs})
+        for d in empty:
+            if d.name in with_images:
+                warnings.warn(
+                    f"client {d.parent.name!r}: class directory {d} has no images (other clients have images of "
+                    f"class {d.name!r}); this client is treated as lacking that class",
+                    stacklevel=2,
+                )
         return client_dirs, classes
 
     def _load_client(self, client_dir: Path, class_index: dict[str, int]) -> tuple[torch.Tensor, np.ndarray]:

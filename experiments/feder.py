@@ -37,7 +37,7 @@ import torch
 from callbacks import ExperienceReplay
 from datamodules import SyntheticFederated
 from fl_lightning import Federation
-from fl_lightning.cli import build_cli
+from fl_lightning.cli import build_cli, config_yaml
 
 STAR = ["--federation.topology=star", "--trainer.callbacks=[]"]
 METHODS: dict[str, tuple[str, list[str]]] = {  # name: (config, overrides)
@@ -80,7 +80,7 @@ def run_one(
     for cb in cli.trainer.callbacks:
         if isinstance(cb, ExperienceReplay) and generators is not None:
             cb.generators_from = str(generators)  # the GAN phase ran once, in the first FedER run
-    config_text = cli.parser.dump(cli.config, skip_check=True)  # config.yaml: what the privacy audit rebuilds
+    config_text = config_yaml(cli.parser, cli.config)  # config.yaml: what the privacy audit rebuilds
     fed = Federation(cli.config_init["federation"], cli.model, data, cli.trainer, seed=seed, config_text=config_text)
     start = time.perf_counter()
     fed.run()

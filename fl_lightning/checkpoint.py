@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from datamodules.files import load_state_file  # the one safe loader (weights_only) for every state file
+from datamodules.files import file_digest, load_state_file  # the one safe loader (weights_only) for every state file
 from fl_lightning.client_store import STORE_DIR, ClientStateStore, expand
 
 CHECKPOINT_DIR = "checkpoints"
@@ -27,11 +27,14 @@ def checkpoint_path(run_dir: Path, round_idx: int) -> Path:
     return run_dir / CHECKPOINT_DIR / f"round-{round_idx:05d}.ckpt"
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+def save_checkpoint(path: Path, state: dict[str, Any]) -> str:
     """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``.
 
     A crash at any moment leaves either the previous file or the complete new one, never a torso:
     the temporary name does not match the checkpoint pattern, so it is never taken for one.
+
+    Returns:
+        The sha256 of the file written (hex), read back before the rename.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -40,10 +43,12 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        digest = file_digest(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return digest
 
 
 def write_round_checkpoint(path: Path, state: dict[str, Any], store: ClientStateStore, keep: int) -> None:
@@ -72,7 +77,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError: If ``path`` does not exist.
         RuntimeError: If the file is not a readable checkpoint (truncated, or not ours) or a client state file it
-            names is missing or damaged, naming the file.
+            names is missing, damaged, not the one it was written with (another round's) or lacks a client's
+            entry, naming the file.
 
     """
     state = load_state_file(path, "checkpoint")

@@ -164,6 +164,16 @@ def _build(argv: list[str]) -> FederatedCLI:
         raise ValueError(clear) from None  # the dump and jsonargparse's frames say nothing more
 
 
+def config_yaml(parser: LightningArgumentParser, config: Any) -> str:
+    """The resolved config as the run directory's ``config.yaml``, ``None`` values included.
+
+    jsonargparse leaves ``None`` out by default, and a left-out key does not reproduce the run: re-parsed, a
+    class argument takes what the parser's defaults or an earlier class held there (MedMNIST's ``channels: null``
+    came back as the default digits' ``channels: 1``).
+    """
+    return parser.dump(config, skip_check=True, skip_none=False)
+
+
 def _federation(cli: FederatedCLI, **kwargs: Any) -> Federation:
     return Federation(
         cli.config_init["federation"],
@@ -171,7 +181,7 @@ def _federation(cli: FederatedCLI, **kwargs: Any) -> Federation:
         datamodule=cli.datamodule,
         trainer=cli.trainer,
         seed=int(cli.config["seed_everything"]),
-        config_text=cli.parser.dump(cli.config, skip_check=True),
+        config_text=config_yaml(cli.parser, cli.config),
         config_dict=cli.config.clone().as_dict(),
         **kwargs,
     )

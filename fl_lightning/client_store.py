@@ -11,6 +11,9 @@ them copied into the new file, so the disk use stays within about twice one full
 
 :func:`expand` puts the states back into a loaded checkpoint, so readers see the full state as before; a
 checkpoint without ``client_files`` (written before this store) holds its states inline and loads unchanged.
+The checkpoint also records each file's sha256 (``client_file_digests``), so a file replaced by another valid
+one (another round's) is refused as not the checkpoint's, like a damaged one, and the resume falls back to the
+previous checkpoint; checkpoints written before the digests were recorded load without that check.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from datamodules.files import load_state_file
 # The runtime state's per-client entries kept out of the checkpoint (the rest is small: sampler epochs).
 CLIENT_KEYS = ("private", "optimizer_states", "callback_states")
 FILES_KEY = "client_files"  # client -> file name in STORE_DIR, in a checkpoint's "runtime" entry
+DIGESTS_KEY = "client_file_digests"  # file name -> the sha256 it was written with, beside FILES_KEY
 STORE_DIR = "clients"
 SUFFIX = ".clients"
 
@@ -43,22 +47,28 @@ def expand(runtime: dict[str, Any], directory: Path) -> dict[str, Any]:
     """A checkpoint's runtime entry with its clients' states read back from ``directory`` (the checkpoints').
 
     Raises:
-        RuntimeError: If a file the checkpoint names is missing or unreadable (naming it and the client).
+        RuntimeError: If a file the checkpoint names is missing, unreadable, not the file the checkpoint was
+            written with (its recorded digest differs) or lacks the client's entry, naming the file and the client.
     """
     files: dict[str, str] = runtime.get(FILES_KEY) or {}
     if not files:
         return runtime
-    full = {k: v for k, v in runtime.items() if k != FILES_KEY}
+    digests: dict[str, str] = runtime.get(DIGESTS_KEY) or {}
+    full = {k: v for k, v in runtime.items() if k not in (FILES_KEY, DIGESTS_KEY)}
     for key in CLIENT_KEYS:
         full[key] = dict(full.get(key, {}))
     loaded: dict[str, dict[str, Any]] = {}
     for cid, name in files.items():
+        path = directory / STORE_DIR / name
         if name not in loaded:
-            path = directory / STORE_DIR / name
             if not path.is_file():
                 raise RuntimeError(f"client {cid!r}: its state file {path} is missing")
-            loaded[name] = load_state_file(path, "client state file")
-        for key, state in loaded[name][cid].items():
+            loaded[name] = load_state_file(path, "client state file", sha256=digests.get(name))
+        entry = loaded[name].get(cid)
+        if not isinstance(entry, dict) or not set(entry) <= set(CLIENT_KEYS):
+            what = "no state" if entry is None else "no valid state"
+            raise RuntimeError(f"client state file {path} holds {what} of client {cid!r}, which its checkpoint names")
+        for key, state in entry.items():
             full[key][cid] = state
     return full
 
@@ -80,15 +90,17 @@ class ClientStateStore:
         self.location: dict[str, str] = {}  # client -> file holding its newest written state
         self.generation: dict[str, int] = {}  # client -> the runtime's task count when it was written
         self.held: dict[str, int] = {}  # file -> clients written into it
+        self.digest: dict[str, str] = {}  # file -> its sha256
         self.references: dict[str, set[str]] = {}  # checkpoint file name -> the state files it names
 
-    def write(self, runtime: dict[str, Any], checkpoint: Path, save: Callable[[Path, Any], None]) -> dict[str, Any]:
+    def write(self, runtime: dict[str, Any], checkpoint: Path, save: Callable[[Path, Any], str]) -> dict[str, Any]:
         """Write the changed clients' states; returns the checkpoint's runtime entry (client states as file names).
 
         Args:
             runtime: The runtime state (:meth:`fl_lightning.runtime.ClientRuntime.state_dict`).
             checkpoint: The checkpoint about to be written (its directory and name place and name the file).
-            save: ``save(path, obj)``, an atomic, durable write (:func:`fl_lightning.checkpoint.save_checkpoint`).
+            save: ``save(path, obj)``, an atomic, durable write that returns the file's sha256
+                (:func:`fl_lightning.checkpoint.save_checkpoint`).
 
         """
         self.directory = checkpoint.parent / STORE_DIR
@@ -103,11 +115,13 @@ class ClientStateStore:
         changed |= {c for c, f in self.location.items() if f in sparse}
         if changed:
             name = f"{checkpoint.stem}-{secrets.token_hex(4)}{SUFFIX}"
-            save(self.directory / name, {c: clients[c] for c in sorted(changed)})
+            self.digest[name] = save(self.directory / name, {c: clients[c] for c in sorted(changed)})
             self.held[name] = len(changed)
             for c in changed:
                 self.location[c], self.generation[c] = name, generations.get(c, 0)
-        return {**runtime, **{k: {} for k in CLIENT_KEYS}, FILES_KEY: dict(self.location)}
+        named = set(self.location.values())
+        digests = {f: d for f, d in self.digest.items() if f in named}
+        return {**runtime, **{k: {} for k in CLIENT_KEYS}, FILES_KEY: dict(self.location), DIGESTS_KEY: digests}
 
     def remember(self, checkpoint: Path, runtime_entry: dict[str, Any]) -> None:
         """Note the files a checkpoint just written names (so pruning need not read it back)."""
@@ -136,5 +150,6 @@ class ClientStateStore:
                 if path.suffix == SUFFIX and path.name not in keep:
                     path.unlink(missing_ok=True)
                     self.held.pop(path.name, None)
+                    self.digest.pop(path.name, None)
                     removed.append(path)
         return removed

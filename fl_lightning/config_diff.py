@@ -8,6 +8,7 @@ they extend the run or change what is shown and where it is written, never the r
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
@@ -15,7 +16,8 @@ from typing import Any
 
 import yaml
 
-# Dotted keys (or key prefixes ending in ".") that may differ on resume, each with why it cannot change the result.
+# Dotted keys that may differ on resume (with everything below them: ``trainer.logger.init_args.offline``,
+# ``trainer.logger[WandbLogger].project``), each with why it cannot change the result.
 ALLOWED_TO_CHANGE: dict[str, str] = {
     "federation.rounds": "extends or shortens the run; round r trains the same whatever the total (see below)",
     "federation.progress": "terminal output only",
@@ -32,8 +34,7 @@ ALLOWED_TO_CHANGE: dict[str, str] = {
     "federation.workers": "clients are aggregated in the same order on any number of ranks (tested bit-identical)",
     "federation.workers_per_device": "which GPU a rank uses, not what it computes",
     "federation.rank_timeout": "how long rank 0 waits for a rank",
-    "trainer.logger": "where metrics are logged",
-    "trainer.logger.": "where metrics are logged",
+    "trainer.logger": "where metrics are logged (its arguments too)",
     "trainer.enable_progress_bar": "terminal output only",
     "trainer.enable_model_summary": "terminal output only",
     "trainer.log_every_n_steps": "logging frequency only",
@@ -67,19 +68,45 @@ class ConfigDiff:
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as ``{"a.b.c": value}``; lists (e.g. ``trainer.callbacks``) are compared whole.
+    """Nested mappings as ``{"a.b.c": value}``, with lists of classes keyed by class name.
 
-    Values are normalised as YAML would store them (tuples as lists, paths as strings), so a config parsed from
-    ``config.yaml`` and one from the parser compare equal when they say the same.
+    A list of ``{class_path, init_args}`` entries (``trainer.callbacks``, a list of loggers) becomes the list of
+    its class paths (their order matters: hooks run in it) plus one key per argument,
+    ``trainer.callbacks[FedProx].mu``; a second entry of the same class is ``[FedProx#2]``. Every other list is
+    one value. Values are normalised as YAML would store them (tuples as lists, paths as strings), so a config
+    parsed from ``config.yaml`` and one from the parser compare equal when they say the same.
     """
     flat: dict[str, Any] = {}
     for key, value in config.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
             flat.update(flatten(value, f"{dotted}."))
+        elif _is_class_list(value):
+            flat[dotted] = [str(entry["class_path"]) for entry in value]
+            for (name, _), entry in zip(entry_names(flat[dotted]), value):
+                flat.update(flatten(entry.get("init_args") or {}, f"{dotted}[{name}]."))
         else:
             flat[dotted] = _normalise(value)
     return flat
+
+
+def _is_class_list(value: Any) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(v, Mapping) and "class_path" in v for v in value)
+    )
+
+
+def entry_names(class_paths: list[str]) -> list[tuple[str, str]]:
+    """``(name, class path)`` per entry: the class's own name, numbered from its second entry on (``FedProx#2``)."""
+    seen: Counter[str] = Counter()
+    named = []
+    for path in class_paths:
+        name = str(path).rsplit(".", 1)[-1]
+        seen[name] += 1
+        named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", str(path)))
+    return named
 
 
 def _normalise(value: Any) -> Any:
@@ -100,24 +127,25 @@ def is_allowed(key: str, saved: Mapping[str, Any], new: Mapping[str, Any]) -> bo
     """
     if key == "federation.rounds":
         return not (_schedule_uses_rounds(saved) or _schedule_uses_rounds(new))
-    return key in ALLOWED_TO_CHANGE or any(p.endswith(".") and key.startswith(p) for p in ALLOWED_TO_CHANGE)
+    return any(key == p or key.startswith((f"{p}.", f"{p}[")) for p in ALLOWED_TO_CHANGE)
 
 
 def _schedule_uses_rounds(flat: Mapping[str, Any]) -> bool:
-    callbacks = flat.get("trainer.callbacks") or []
-    for cb in callbacks if isinstance(callbacks, list) else []:
-        if isinstance(cb, Mapping) and str(cb.get("class_path", "")).endswith("LRSchedule"):
-            kind = (cb.get("init_args") or {}).get("kind", "exponential")
-            if kind in _ROUNDS_DEPENDENT_SCHEDULES:
-                return True
-    return False
+    paths = flat.get("trainer.callbacks")
+    names = (
+        [name for name, path in entry_names(paths) if path.endswith("LRSchedule")] if isinstance(paths, list) else []
+    )
+    return any(
+        flat.get(f"trainer.callbacks[{name}].kind", "exponential") in _ROUNDS_DEPENDENT_SCHEDULES for name in names
+    )
 
 
 def diff_configs(saved: Mapping[str, Any], new: Mapping[str, Any]) -> ConfigDiff:
     """Compare the run's saved config with the resolved config of the resuming command.
 
-    A key missing on one side counts as ``None`` there (the saved YAML leaves out ``None`` values); a key that
-    only one side has with a value is a difference shown as ``"<absent>"``.
+    A key missing on one side counts as ``None`` there (the saved YAML leaves out ``None`` values, also among a
+    callback's arguments); a key that only one side has with a value is a difference shown as ``"<absent>"``.
+    Differences are named down to the argument (``trainer.callbacks[FedProx].mu``), see :func:`flatten`.
 
     Args:
         saved: The saved config (``yaml.safe_load`` of the run's ``config.yaml``).

@@ -1,4 +1,4 @@
-"""Every shipped config runs through train.py's main() for two rounds on tiny data, on both transports."""
+"""Every shipped config runs through train.py's main() for two rounds on tiny data, on both transports, and resumes."""
 
 import csv
 import json
@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from fl_lightning.cli import main
+from fl_lightning.federation import Federation
 from tests.anchors.runs import describe
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
@@ -44,18 +45,21 @@ def metrics_without_timings(path: Path) -> list[dict[str, str]]:
     ]
 
 
+def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
+    """``train.py`` arguments of ``config`` on tiny data, writing ``out/run_name``."""
+    extra = []
+    if "MedMNIST" in config.read_text():
+        extra = [f"--data.path={fake_medmnist(out / 'fake.npz')}", "--data.image_size=8"]
+    return ["--config", str(config), *TINY, *extra, f"--federation.output_dir={out}",
+            f"--federation.run_name={run_name}"]  # fmt: skip
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_config_runs_and_both_transports_agree(config, tmp_path):
     """Two rounds through train.py's main, in process and serialized: bit-identical states, same metrics and summary."""
-    extra = []
-    if "MedMNIST" in config.read_text():
-        extra = [f"--data.path={fake_medmnist(tmp_path / 'fake.npz')}", "--data.image_size=8"]
     summaries = {}
     for transport in ("inprocess", "serialized"):
-        args = ["--config", str(config), *TINY, *extra, f"--federation.output_dir={tmp_path}",
-                f"--federation.run_name={transport}",
-                f"--federation.transport={transport}"]  # fmt: skip
-        summaries[transport] = main(args)
+        summaries[transport] = main([*tiny_args(config, tmp_path, transport), f"--federation.transport={transport}"])
     run = tmp_path / "inprocess"
     summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
@@ -72,3 +76,37 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     assert metrics_without_timings(other / "metrics.csv") == metrics_without_timings(run / "metrics.csv")
     strip = lambda s: {k: v for k, v in s.items() if k != "run_dir"}  # noqa: E731
     assert strip(summaries["serialized"]) == strip(summary)
+
+
+class Crash(Exception):
+    """Stands for a kill: the run stops between two rounds, its round-1 checkpoint on disk."""
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_config_resumes_with_its_saved_config_to_the_uninterrupted_state(config, tmp_path, monkeypatch):
+    """Stopped after round 1 and resumed with the command a refused resume suggests (``--config <run>/config.yaml``).
+
+    The process is not killed (a fresh interpreter per config would cost minutes; ``test_resume.py`` resumes after
+    a real SIGKILL); what this checks is that every shipped config's saved settings are accepted on resume and
+    continue to the uninterrupted run's state. Failed before for the configs with a callback argument left at None
+    (fedadam: ``initial_accumulator``; FedER: ``lpips_weights``, ``generators_from``).
+    """
+    main(tiny_args(config, tmp_path, "uninterrupted"))
+    run_round = Federation.run_round
+
+    def crash_in_round_2(federation, r):
+        if r == 1:
+            raise Crash
+        return run_round(federation, r)
+
+    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
+    with pytest.raises(Crash):
+        main(tiny_args(config, tmp_path, "stopped"))
+    monkeypatch.setattr(Federation, "run_round", run_round)
+    run = tmp_path / "stopped"
+    resumed = main(["--config", str(run / "config.yaml"), "--federation.run_name=stopped", "--federation.resume=last"])
+    assert describe(run)["sha256"] == describe(tmp_path / "uninterrupted")["sha256"]
+    assert metrics_without_timings(run / "metrics.csv") == metrics_without_timings(
+        tmp_path / "uninterrupted" / "metrics.csv"
+    )
+    assert resumed["summary"] == json.loads((tmp_path / "uninterrupted" / "summary.json").read_text())["summary"]

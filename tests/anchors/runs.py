@@ -1,7 +1,8 @@
 """Regression anchor: seven shipped methods, 2–3 small rounds each, summarised as per-tensor sums and norms.
 
 Frozen before the client/server boundary refactor (``regression_anchor.json``); after it the ``inprocess``
-transport must reproduce the numbers (relative tolerance 1e-5; exact hashes would break across CPUs).
+transport must reproduce the numbers (within the tolerances of test_regression_anchor.py, which say why; exact
+hashes would break across CPUs).
 Regenerate only when a change is meant to alter results: ``python -m tests.anchors.runs --write``.
 """
 

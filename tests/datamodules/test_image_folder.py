@@ -71,7 +71,7 @@ def test_client_without_images_names_client_and_directory(tmp_path: Path) -> Non
     root = _make_tree(tmp_path / "data")
     (root / "hospC" / "benign").mkdir(parents=True)
     (root / "hospC" / "benign" / "notes.txt").write_text("no images here")
-    with pytest.raises(ValueError, match=r"client 'hospC' has no images in .*hospC"):
+    with pytest.raises(ValueError, match=r"client 'hospC' has no images in .*hospC"), pytest.warns(UserWarning):
         ImageFolderFederated(root).setup()
 
 
@@ -94,3 +94,24 @@ def test_image_outside_class_directory_is_rejected(tmp_path: Path) -> None:
     _write_png(root / "hospA" / "stray.png", 10)
     with pytest.raises(ValueError, match=r"hospA.*stray\.png.*not inside a class directory"):
         ImageFolderFederated(root).setup()
+
+
+def test_empty_class_directory_in_no_client_is_refused_naming_client_and_directory(tmp_path: Path) -> None:
+    # An empty 'tumour' directory is the only trace of that class: taking it would add a class without samples.
+    root = _make_tree(tmp_path / "data")
+    (root / "hospB" / "tumour").mkdir()
+    with pytest.raises(ValueError, match=r"\['tumour'\].*client 'hospB': .*hospB.tumour.*pass classes="):
+        ImageFolderFederated(root).setup()
+    # Declaring the classes is the documented way to keep a class no client has images of.
+    dm = ImageFolderFederated(root, classes=["benign", "malignant", "normal", "tumour"])
+    assert dm.num_classes == 4
+
+
+def test_empty_class_directory_of_a_class_other_clients_have_warns_naming_client(tmp_path: Path) -> None:
+    root = _make_tree(tmp_path / "data")
+    (root / "hospB" / "benign").mkdir()
+    dm = ImageFolderFederated(root, image_size=8)
+    with pytest.warns(UserWarning, match=r"client 'hospB': class directory .*hospB.benign has no images"):
+        assert dm.num_classes == 3
+    assert dm.class_names == ["benign", "malignant", "normal"]
+    assert (dm.label_counts("hospB") + dm.label_counts("hospB", "test")).tolist() == [0, 2, 3]

@@ -5,8 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, write_round_checkpoint
-from fl_lightning.client_store import FILES_KEY, STORE_DIR, ClientStateStore, expand
+from fl_lightning.checkpoint import (
+    checkpoint_path,
+    find_last_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    write_round_checkpoint,
+)
+from fl_lightning.client_store import DIGESTS_KEY, FILES_KEY, STORE_DIR, ClientStateStore, expand
 
 
 def runtime(generations: dict[str, int], value: float = 0.0) -> dict:
@@ -108,3 +114,59 @@ def test_a_runtime_entry_without_client_states_is_written_as_it_is(tmp_path):
     marker = {"engine": "flower", "run": "r", "round": 1}
     assert save(tmp_path, ClientStateStore(), 1, marker) == marker
     assert not (tmp_path / "checkpoints" / STORE_DIR).exists()
+
+
+# ------------------------------------------------------------------------------ parts bound to their checkpoint
+def test_a_state_file_replaced_by_another_rounds_is_refused_and_resume_falls_back(tmp_path):
+    """Round 2's state file replaced by round 1's (both valid): round 2 is unreadable, the newest intact is 1.
+
+    Failed before: round 2's checkpoint loaded round 1's client states without a word.
+    """
+    store = ClientStateStore()
+    first = save(tmp_path, store, 1, runtime({"a": 1, "b": 1}))
+    second = save(tmp_path, store, 2, runtime({"a": 2, "b": 2}))
+    directory = tmp_path / "checkpoints" / STORE_DIR
+    (directory / second[FILES_KEY]["a"]).write_bytes((directory / first[FILES_KEY]["a"]).read_bytes())
+    with pytest.raises(
+        RuntimeError, match=r"client state file .*round-00002-.*\.clients is not the file its checkpoint"
+    ):
+        load_checkpoint(checkpoint_path(tmp_path, 2))
+    with pytest.warns(UserWarning, match=r"skipping .*round-00002"):
+        path, state = find_last_checkpoint(tmp_path)
+    assert path == checkpoint_path(tmp_path, 1) and state["runtime"]["generations"] == {"a": 1, "b": 1}
+
+
+def test_a_state_file_without_a_clients_entry_is_named_and_resume_falls_back(tmp_path):
+    """Failed before: ``KeyError: 'b'`` out of ``expand`` ended the resume."""
+    store = ClientStateStore()
+    save(tmp_path, store, 1, runtime({"a": 1, "b": 1}))
+    second = save(tmp_path, store, 2, runtime({"a": 2, "b": 2}))
+    entry = torch.load(checkpoint_path(tmp_path, 2), weights_only=True)
+    # a valid file that lacks client b, with the digest recorded to match (only the entry is missing)
+    name = second[FILES_KEY]["b"]
+    digest = save_checkpoint(
+        tmp_path / "checkpoints" / STORE_DIR / name, {"a": {"private": runtime({"a": 2})["private"]["a"]}}
+    )
+    entry["runtime"][DIGESTS_KEY][name] = digest
+    save_checkpoint(checkpoint_path(tmp_path, 2), entry)
+    with pytest.raises(RuntimeError, match=r"client state file .*\.clients holds no state of client 'b'"):
+        load_checkpoint(checkpoint_path(tmp_path, 2))
+    with pytest.warns(UserWarning, match="holds no state of client 'b'"):
+        assert find_last_checkpoint(tmp_path)[0] == checkpoint_path(tmp_path, 1)
+
+
+class NotPlainData:
+    """An object only a full unpickler could load."""
+
+
+def test_a_garbage_checkpoint_is_called_unreadable_without_advice_to_load_it_unsafely(tmp_path):
+    path = checkpoint_path(tmp_path, 1)
+    path.parent.mkdir(parents=True)
+    torch.save({"round": 1, "thing": NotPlainData()}, path)
+    with pytest.raises(RuntimeError) as err:
+        load_checkpoint(path)
+    assert f"checkpoint {path} is unreadable" in str(err.value) and "weights_only" not in str(err.value)
+    assert "weights_only" not in str(err.value.__cause__ or "")
+    path.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(RuntimeError, match="is unreadable"):
+        load_checkpoint(path)

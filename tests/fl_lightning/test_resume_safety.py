@@ -16,11 +16,12 @@ from torch import nn
 
 from datamodules import DigitsFederated
 from fl_lightning.checkpoint import checkpoint_path, save_checkpoint
-from fl_lightning.cli import build_cli
+from fl_lightning.cli import build_cli, config_yaml
 from fl_lightning.config_diff import diff_configs
 from fl_lightning.resume import check_clients_match, check_resume_config, resolve_resume
 from fl_lightning.run_dir import RunDirectory, RunDirectoryInUse
 from tests.conftest import build_federation, tiny_data, tiny_model
+from tests.test_configs import fake_medmnist
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,7 +102,7 @@ SMALL = [
 def _saved(*args: str) -> dict:
     """The config as a run with ``args`` saves it (its config.yaml, parsed)."""
     cli = build_cli([*SMALL, *args])
-    return yaml.safe_load(cli.parser.dump(cli.config, skip_check=True))
+    return yaml.safe_load(config_yaml(cli.parser, cli.config))
 
 
 def _new(*args: str) -> dict:
@@ -129,13 +130,69 @@ def test_the_saved_config_matches_the_same_command(monkeypatch):
         (["--federation.mode=local"], "federation.mode"),
         (["--federation.local_epochs=2"], "federation.local_epochs"),
         (["--seed_everything=3"], "seed_everything"),
-        (["--trainer.callbacks+=callbacks.FedProx"], "trainer.callbacks"),
     ],
 )
 def test_settings_that_change_training_are_refused(monkeypatch, extra, key):
     monkeypatch.chdir(REPO)
     diff = diff_configs(*_configs(*extra))
     assert list(diff.refused) == [key] and diff.allowed == {}
+
+
+def test_an_added_callback_is_refused_with_its_arguments(monkeypatch):
+    monkeypatch.chdir(REPO)
+    diff = diff_configs(*_configs("--trainer.callbacks+=callbacks.FedProx"))
+    assert diff.refused == {
+        "trainer.callbacks": (None, ["callbacks.FedProx"]),
+        "trainer.callbacks[FedProx].mu": ("<absent>", 0.01),
+    }
+
+
+def test_a_changed_callback_argument_is_named(monkeypatch):
+    """Failed before: the whole callbacks list was shown as the difference."""
+    monkeypatch.chdir(REPO)
+    prox = ["--trainer.callbacks+=callbacks.FedProx", "--trainer.callbacks.mu=0.01"]
+    saved = _saved(*prox)
+    diff = diff_configs(saved, _new("--trainer.callbacks+=callbacks.FedProx", "--trainer.callbacks.mu=0.1"))
+    assert diff.refused == {"trainer.callbacks[FedProx].mu": (0.01, 0.1)}
+    assert diff_configs(saved, _new(*prox)).refused == {}
+
+
+def test_callback_arguments_left_at_none_compare_equal_to_the_saved_yaml(monkeypatch):
+    """The saved YAML drops a callback's ``None`` arguments (FedOpt's initial_accumulator, FedER's lpips_weights).
+
+    Failed before: such a run could never be resumed, not even with its own config.yaml.
+    """
+    monkeypatch.chdir(REPO)
+    for config in ("configs/fedadam_digits_dirichlet.yaml", "configs/feder_digits.yaml"):
+        cli = build_cli([*SMALL, "--config", config])
+        new = cli.config.clone().as_dict()
+        assert "initial_accumulator" in str(new) or "lpips_weights" in str(new)
+        without_none = yaml.safe_load(cli.parser.dump(cli.config, skip_check=True))  # run directories until now
+        assert diff_configs(without_none, new).refused == {}, config
+        assert diff_configs(_saved("--config", config), new).refused == {}, config
+
+
+def test_the_saved_config_keeps_none_values_so_it_reproduces_the_run(monkeypatch, tmp_path):
+    """Failed before: MedMNIST's ``channels: null`` was left out and came back as the digits' default 1."""
+    monkeypatch.chdir(REPO)
+    data = fake_medmnist(tmp_path / "m.npz")
+    cli = build_cli(["--config", "configs/fedavg_medmnist.yaml", "--trainer.logger=false", f"--data.path={data}"])
+    assert cli.config.data.init_args.channels is None
+    saved = tmp_path / "config.yaml"
+    saved.write_text(config_yaml(cli.parser, cli.config))
+    again = build_cli(["--config", str(saved)])
+    assert again.config.data.init_args.channels is None
+    assert diff_configs(yaml.safe_load(saved.read_text()), again.config.clone().as_dict()).refused == {}
+
+
+def test_the_order_and_the_repeats_of_callbacks_count():
+    first = {"class_path": "callbacks.FedProx", "init_args": {"mu": 0.1}}
+    second = {"class_path": "callbacks.FedBN"}
+    diff = diff_configs({"trainer": {"callbacks": [first, second]}}, {"trainer": {"callbacks": [second, first]}})
+    assert list(diff.refused) == ["trainer.callbacks"]
+    twice = {"trainer": {"callbacks": [first, {**first, "init_args": {"mu": 0.2}}]}}
+    diff = diff_configs(twice, {"trainer": {"callbacks": [first, first]}})
+    assert diff.refused == {"trainer.callbacks[FedProx#2].mu": (0.2, 0.1)}
 
 
 def test_allow_listed_settings_may_change(monkeypatch):
