@@ -183,6 +183,8 @@ class Federation:
         finally:
             self.reporter.stop()
             self.tracker.finish(status)
+            if status != "success":
+                self.run_dir.close()  # a failed run writes nothing more: the directory may be resumed (or restarted)
         summary = self.summary()
         self.run_dir.write_summary(summary)
         collapse.warn_collapse(summary)
@@ -210,6 +212,13 @@ class Federation:
                 self.run_dir = RunDirectory.resume(path, state["row_counts"])
             self.run_dir.record_resume(ckpt_path, self.round, changes)
             self.reporter.note(f"resuming from {ckpt_path} after round {self.round}")
+            if cfg.rounds <= self.round:
+                warnings.warn(
+                    f"federation.rounds={cfg.rounds} but the checkpoint is after round {self.round}: no round is "
+                    f"trained, only the final evaluation of round {self.round}'s models runs (raise "
+                    "federation.rounds to continue training)",
+                    stacklevel=2,
+                )
             return state.get("logger_run_id")
         self.run_dir = RunDirectory(cfg.output_dir, cfg.run_name, suffix=cfg.mode)
         if self.config_text is not None:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.checkpoint import find_last_checkpoint, list_checkpoints, load_checkpoint
+from fl_lightning.checkpoint import CHECKPOINT_DIR, find_last_checkpoint, list_checkpoints, load_checkpoint
 from fl_lightning.config_diff import ALLOWED_TO_CHANGE, describe, diff_configs, load_saved_config
 
 POOLED = "__pooled__"  # the pseudo-client of centralised training (fl_lightning.federation.POOLED)
@@ -41,19 +41,37 @@ def resolve_resume(
         run_dir = Path(output_dir) / run_name
         found = find_last_checkpoint(run_dir)
         if found is None:
-            raise FileNotFoundError(f"federation.resume=last: no readable round checkpoint under {run_dir}")
+            raise FileNotFoundError(_nothing_to_resume("last", run_dir))
         check_resume_config(run_dir, config_dict)
         return run_dir, found[0], found[1]
     path = Path(resume)
     if path.is_dir():
         found = find_last_checkpoint(path)
         if found is None:
-            raise FileNotFoundError(f"federation.resume={resume}: no readable round checkpoint in {path}")
+            raise FileNotFoundError(_nothing_to_resume(resume, path))
         check_resume_config(path, config_dict)
         return path, found[0], found[1]
     state = load_checkpoint(path)
     check_resume_config(path.parent.parent, config_dict)
     return path.parent.parent, path, state
+
+
+def _nothing_to_resume(resume: str, run_dir: Path) -> str:
+    """Why ``run_dir`` cannot be resumed, and what to do instead."""
+    if not run_dir.is_dir():
+        return f"federation.resume={resume}: there is no run directory {run_dir} to resume"
+    written = list_checkpoints(run_dir)
+    if not written:
+        return (
+            f"federation.resume={resume}: {run_dir} holds no round checkpoint (the run stopped before its first "
+            "one): run the same command without --federation.resume to start it afresh (what the directory holds "
+            "is moved aside)"
+        )
+    return (
+        f"federation.resume={resume}: none of the {len(written)} round checkpoints in {run_dir / CHECKPOINT_DIR} is "
+        "readable (the warnings above say why): resume from a copy of an intact one, or start a new run "
+        "with another --federation.run_name"
+    )
 
 
 def _last_matching_run(output_dir: Path, config_dict: Mapping[str, Any] | None) -> tuple[Path, Path, dict[str, Any]]:

@@ -9,11 +9,13 @@ import math
 import os
 import re
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.checkpoint import remove_orphan_temps
+from fl_lightning.checkpoint import list_checkpoints, remove_orphan_temps
 
 try:
     import fcntl
@@ -133,6 +135,7 @@ RESUME_RECORD = "resume_changes.json"
 # Run directories this process holds: resolved path -> open lock file. A process may reopen what it holds (a
 # Federation resumed from Python after another finished in the same process); other processes may not.
 _HELD: dict[Path, Any] = {}
+_CREATING = threading.Lock()  # one thread at a time creates and claims (claims within a process are reentrant)
 
 
 class RunDirectoryInUse(RuntimeError):
@@ -169,6 +172,27 @@ def claim(path: Path) -> None:
     _HELD[key] = handle
 
 
+def _set_aside(path: Path) -> None:
+    """Move what a run stopped before its first checkpoint wrote into ``path`` to a sibling directory (path held)."""
+    entries = [e for e in path.iterdir() if e.name != LOCK_NAME]
+    if not entries:
+        warnings.warn(f"run directory {path} exists but is empty and unused: starting the run in it", stacklevel=3)
+        return
+    aside = path.with_name(f"{path.name}.stopped-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.stopped-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+    aside.mkdir()
+    for entry in entries:
+        entry.rename(aside / entry.name)
+    warnings.warn(
+        f"run directory {path} holds no round checkpoint and no live run (a run stopped before its first "
+        f"checkpoint): starting afresh in it; what it held was moved to {aside}",
+        stacklevel=3,
+    )
+
+
 def release(path: Path) -> None:
     """Give up this process's hold on ``path`` (no-op if it holds none)."""
     handle = _HELD.pop(Path(path).resolve(), None)
@@ -189,8 +213,13 @@ class RunDirectory:
             when it exists already, so a run never overwrites another.
         suffix: Appended to the generated name.
 
+    A ``run_name`` whose directory exists but holds no round checkpoint and no live process (a run stopped before
+    its first checkpoint) starts afresh there, with a warning; what the stopped run had written is moved to
+    ``<run_name>.stopped-<time>`` beside it.
+
     Raises:
-        FileExistsError: If ``run_name`` names an existing directory.
+        FileExistsError: If ``run_name`` names an existing directory with round checkpoints.
+        RunDirectoryInUse: If ``run_name`` names a directory a live process holds.
 
     """
 
@@ -199,19 +228,24 @@ class RunDirectory:
         base.mkdir(parents=True, exist_ok=True)
         name = run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
         path, n = base / name, 1
-        while True:
-            try:
-                path.mkdir()  # atomic: of two runs creating the same directory, exactly one succeeds
-                break
-            except FileExistsError:
-                if run_name is not None:
-                    raise FileExistsError(
-                        f"run directory {path} exists already (federation.run_name={run_name!r}): continue that run "
-                        "with --federation.resume=last, or choose another run_name"
-                    ) from None
-                n += 1
-                path = base / f"{name}-{n}"
-        claim(path)
+        with _CREATING:
+            while True:
+                try:
+                    path.mkdir()  # atomic: of two runs creating the same directory, exactly one succeeds
+                    break
+                except FileExistsError:
+                    if run_name is not None:
+                        if path.is_dir() and not list_checkpoints(path) and path.resolve() not in _HELD:
+                            claim(path)  # refused if a live run of another process holds it
+                            _set_aside(path)
+                            break
+                        raise FileExistsError(
+                            f"run directory {path} exists already (federation.run_name={run_name!r}): continue that "
+                            "run with --federation.resume=last, or choose another run_name"
+                        ) from None
+                    n += 1
+                    path = base / f"{name}-{n}"
+            claim(path)
         self.path = path
         self.client_rows: list[dict[str, Any]] = []
         self.round_rows: list[dict[str, Any]] = []

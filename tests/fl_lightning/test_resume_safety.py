@@ -316,6 +316,8 @@ def test_a_run_directory_held_by_another_process_is_refused(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirectoryInUse, match=rf"busy is in use by another process \(pid {holder.pid}\)"):
             RunDirectory.reopen(run, [], [])
+        with pytest.raises(RunDirectoryInUse):  # no checkpoint yet, but a live run: not started afresh
+            RunDirectory(tmp_path, "busy")
     finally:
         holder.kill()
         holder.wait()
@@ -332,3 +334,54 @@ def test_orphan_temporary_files_are_removed_when_a_run_is_reopened(tmp_path):
     kept.write_bytes(b"x")
     RunDirectory.reopen(run, [], [])
     assert not any(p.exists() for p in orphans) and kept.exists()
+
+
+# ---------------------------------------------------------------------------- messages that say what to do
+class Stop(Exception):
+    """A run stopped in its first round, before any checkpoint."""
+
+
+def _stopped_before_the_first_checkpoint(tmp_path, monkeypatch):
+    from fl_lightning.federation import Federation
+
+    def stop(federation, r):
+        raise Stop
+
+    with monkeypatch.context() as m:
+        m.setattr(Federation, "run_round", stop)
+        with pytest.raises(Stop):
+            build_federation(tmp_path, run_name="early").run()
+    return tmp_path / "early"
+
+
+def test_a_run_stopped_before_its_first_checkpoint_restarts_by_name(tmp_path, monkeypatch):
+    """Failed before: resume said 'no readable round checkpoint', a fresh start 'exists already ... resume'."""
+    run = _stopped_before_the_first_checkpoint(tmp_path, monkeypatch)
+    assert run.is_dir() and not (run / "checkpoints").exists()
+    with pytest.raises(FileNotFoundError, match="holds no round checkpoint .* without --federation.resume"):
+        build_federation(tmp_path, run_name="early", resume="last").run()
+    left = sorted(p.name for p in run.iterdir() if p.name != ".lock")
+    with pytest.warns(UserWarning, match=r"holds no round checkpoint and no live run .* moved to .*early\.stopped-"):
+        build_federation(tmp_path, run_name="early").run()
+    (aside,) = tmp_path.glob("early.stopped-*")
+    assert sorted(p.name for p in aside.iterdir()) == left
+    assert (run / "summary.json").is_file() and (run / "checkpoints").is_dir()
+
+
+def test_a_run_with_only_unreadable_checkpoints_says_so(tmp_path):
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    checkpoint_path(run, 3).write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="is unreadable"):
+        with pytest.raises(FileNotFoundError, match=r"none of the 1 round checkpoints in .* is readable"):
+            resolve_resume("last", tmp_path, "r")
+    with pytest.raises(FileExistsError, match="exists already"):  # it has checkpoints: never set aside
+        RunDirectory(tmp_path, "r")
+
+
+def test_resuming_with_rounds_below_the_checkpoint_says_so(tmp_path):
+    build_federation(tmp_path, run_name="done", rounds=2).run()
+    with pytest.warns(
+        UserWarning, match=r"federation.rounds=1 but the checkpoint is after round 2: no round is trained"
+    ):
+        build_federation(tmp_path, run_name="done", rounds=1, resume="last").run()
