@@ -27,6 +27,23 @@ def checkpoint_path(run_dir: Path, round_idx: int) -> Path:
     return run_dir / CHECKPOINT_DIR / f"round-{round_idx:05d}.ckpt"
 
 
+def new_file_mode() -> int:
+    """The mode every file of a run directory gets: what ``open`` gives a new file, 0666 less the umask.
+
+    Temporary files (``mkstemp``) start as 0600; without this, CSVs and checkpoints renamed from them stayed 0600
+    while the figures got 0644. One rule for all: the user's umask decides (``umask 077`` keeps a run private).
+    """
+    try:  # Linux says it without changing it (os.umask can only be read by setting it, racing other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> str:
     """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``.
 
@@ -39,6 +56,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, new_file_mode())
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.checkpoint import list_checkpoints, remove_orphan_temps
+from fl_lightning.checkpoint import list_checkpoints, new_file_mode, remove_orphan_temps
 
 try:
     import fcntl
@@ -35,6 +35,7 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, new_file_mode())  # one rule for every file of a run directory (see new_file_mode)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()

@@ -4,10 +4,12 @@ import csv
 import io
 import json
 import math
+import os
 import platform
 import re
 import subprocess
 from pathlib import Path
+from stat import S_IMODE
 
 import lightning
 import matplotlib.image
@@ -276,3 +278,18 @@ def test_partition_names_what_it_counts(tmp_path, monkeypatch, seg, unit):
     matplotlib.pyplot.close(seen["figure"])
     assert titles[0] == f"training {unit} per client, by class"
     assert all(t == "training samples per client, by site / domain" for t in titles[1:])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_every_file_of_a_run_directory_gets_one_mode_from_the_umask(tmp_path, umask):
+    """Failed before: CSVs, summaries and checkpoints were 0600 (from mkstemp), the figures 0644."""
+    old = os.umask(umask)
+    try:
+        build_federation(tmp_path, run_name="r", plots=True).run()
+    finally:
+        os.umask(old)
+    run = tmp_path / "r"
+    files = [p for p in run.rglob("*") if p.is_file() and "wandb" not in p.parts]
+    assert {p.suffix for p in files} >= {".csv", ".json", ".png", ".ckpt"}
+    modes = {p.relative_to(run).as_posix(): oct(S_IMODE(p.stat().st_mode)) for p in files}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
