@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger, WandbLogger
 
+from fl_lightning.wandb_sync import record_part, resume_message
+
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
 ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
+
+
+class WandbOfflineResumeWarning(UserWarning):
+    """A resumed offline W&B run: its parts must be uploaded together (:mod:`fl_lightning.wandb_sync`)."""
 
 
 class RoundTracker:
@@ -21,7 +29,9 @@ class RoundTracker:
     other than the default ``.``;
     ``round`` is declared the x-axis of every round-level key (``eval/*``, ``client/*``, ``time/*``,
     ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap
-    nor restart; a resumed run continues the same W&B run id. An offline W&B run is opened in a background
+    nor restart; a resumed run continues the same W&B run id (offline, in a new ``offline-run-*`` directory: the
+    tracker lists each in :data:`fl_lightning.wandb_sync.RECORD` and, at a resume, warns with the command that
+    uploads the parts as one run). An offline W&B run is opened in a background
     thread (its service takes ≈ 1–2 s to start, time the first round uses instead); the first call that needs it
     waits for it and raises what opening it raised. An online run opens before the first round, so a login or
     network error stops the run before any training.
@@ -54,6 +64,10 @@ class RoundTracker:
         config = config if run_id is None else None  # a resumed run logged its config already
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
+                if run_id is not None and _offline(logger):
+                    # W&B writes another offline directory with the same id; its end-of-run hint names only
+                    # that one, and syncing it alone (or before the first) scrambles the history (wandb_sync.py).
+                    warnings.warn(resume_message(run_dir, run_id), WandbOfflineResumeWarning, stacklevel=2)
                 opening = _Opening(logger, run_dir, run_id, config)
                 if logger._offline:
                     self._opening[id(logger)] = opening
@@ -168,6 +182,7 @@ class _Opening(threading.Thread):
         """Open the run; an error is kept for :meth:`result` (a thread's exception would only be printed)."""
         try:
             _prepare_wandb(self.logger, self.run_dir, self.run_id)
+            _record_offline_part(self.logger, self.run_dir)
             if self.config is not None:
                 self.logger.log_hyperparams(self.config)
         except BaseException as err:  # noqa: BLE001 - re-raised in the thread that waits for the run
@@ -196,3 +211,21 @@ def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> No
     experiment.define_metric("round")
     for prefix in ROUND_PREFIXES:
         experiment.define_metric(f"{prefix}/*", step_metric="round")
+
+
+def _offline(logger: WandbLogger) -> bool:
+    """Whether the logger's run will be offline (its own flag, or W&B's ``WANDB_MODE``), before it is opened."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    return mode != "disabled" and (logger._offline or mode in ("offline", "dryrun"))
+
+
+def _record_offline_part(logger: WandbLogger, run_dir: Path) -> None:
+    """List an opened offline run's transaction log in the run directory, for ``python -m fl_lightning.wandb_sync``.
+
+    The record finds a part also where the user's ``save_dir`` put it, and tells a deleted part from one never
+    written; the helper still finds parts in ``<run dir>/wandb`` without it.
+    """
+    experiment = logger._experiment
+    if experiment is None or not getattr(experiment, "offline", False):  # disabled, online, or an old wandb
+        return
+    record_part(run_dir, Path(experiment.settings.sync_file), experiment.id)
