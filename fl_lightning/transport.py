@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 class Transport:
     """Delivers tasks to the runtime hosting a client; counts the encoded bytes each way.
 
+    The counts (``comm/bytes_*`` of a round) are the sum of ``protocol.encoded_size`` of each :class:`Task` sent
+    and each :class:`Reply` received, the message content every engine sends alike. An engine's own wrapping is
+    not counted: the envelopes that batch tasks per rank, the ranks' measured times, control messages (prepare,
+    start, checkpoint state, stop) or a deployment's routing fields. So the same run reports the same traffic in
+    one process, on any number of ranks and on either transport; a deployment counts the same bytes as they
+    arrive, except that a reply that never came is not counted.
+
     Attributes:
         bytes_down: Encoded bytes of the tasks sent since the last :meth:`take_counts`.
         bytes_up: Encoded bytes of the replies received since then.

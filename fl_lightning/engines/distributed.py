@@ -35,6 +35,8 @@ ELASTIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
                 "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "ROLE_NAME")  # fmt: skip
 # Per-client entries of a runtime's checkpoint state (everything else is shared by the ranks).
 PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data", "generations")
+_OPS = ("tasks", "prepare", "start", "state", "load", "stop")  # what rank 0 asks the other ranks
+_MIN_MESSAGE = len(protocol.MAGIC) + 8  # an encoded message is never shorter than its magic and length prefix
 
 
 class RankError(RuntimeError):
@@ -91,12 +93,73 @@ def _send(obj: Any, dst: int) -> dist.Work:
 
 
 def _recv(src: int) -> tuple[Any, int]:
-    """Receive one encoded object from ``src``; ``(object, bytes)``."""
+    """Receive one encoded object from ``src``; ``(object, bytes)``.
+
+    Raises:
+        protocol.MessageError: If ``src`` announces an impossible size (refused before the receive buffer is
+            allocated) or sends a malformed message; the error names the rank.
+
+    """
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, src)
-    data = torch.empty(int(size), dtype=torch.uint8)
+    n = _message_size(int(size), src)
+    data = torch.empty(n, dtype=torch.uint8)
     dist.recv(data, src)
-    return protocol.decode(data.numpy().tobytes()), int(size)
+    try:  # decoded from the receive buffer itself: its tensors are copies, so no copy of the whole message first
+        return protocol.decode(memoryview(data.numpy())), n
+    except protocol.MessageError as err:
+        raise protocol.MessageError(f"rank {src} sent a malformed message: {err}") from None
+
+
+def _message_size(size: int, src: int) -> int:
+    """The size a rank announced for its next message, checked before a buffer that large is allocated.
+
+    Raises:
+        protocol.MessageError: If no message has that size (shorter than an empty message, or past
+            :data:`protocol.MAX_BYTES`).
+
+    """
+    if not _MIN_MESSAGE <= size <= protocol.MAX_BYTES:
+        raise protocol.MessageError(
+            f"rank {src} announced a message of {size} bytes (a message has {_MIN_MESSAGE} .. {protocol.MAX_BYTES})"
+        )
+    return size
+
+
+def _answer_field(answer: Any, rank: int, key: str, types: type | tuple[type, ...]) -> Any:
+    """``answer[key]`` of a rank's answer, checked to be one of ``types``.
+
+    Raises:
+        protocol.MessageError: If the answer is no dict or lacks the field, naming the rank.
+
+    """
+    value = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(value, types):
+        names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
+        raise protocol.MessageError(f"rank {rank}'s answer has no {key!r} of type {names}: {_brief(answer)}")
+    return value
+
+
+def _request_op(message: Any) -> str:
+    """The operation of a message from rank 0 (a dict with a known ``op``; tasks are tasks).
+
+    Raises:
+        protocol.MessageError: If the message is not one rank 0 sends.
+
+    """
+    op = message.get("op") if isinstance(message, dict) else None
+    if op not in _OPS:
+        raise protocol.MessageError(f"rank 0 sent no known operation ({', '.join(_OPS)}): {_brief(message)}")
+    if op == "tasks" and not (
+        isinstance(message.get("tasks"), list) and all(isinstance(t, Task) for t in message["tasks"])
+    ):
+        raise protocol.MessageError("rank 0's 'tasks' message holds something other than a list of tasks")
+    return op
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 class DistributedTransport(Transport):
@@ -118,21 +181,22 @@ class DistributedTransport(Transport):
 
     # ------------------------------------------------------------------ messages
     def _post(self, rank: int, message: Any) -> dist.Work:
+        # Not counted here: comm/bytes_* are the tasks' and replies' own sizes (see stream), not this envelope's.
         try:
-            work, size = _send(message, rank)
+            work, _ = _send(message, rank)
         except RuntimeError as err:
             raise RankError(f"rank {rank} is unreachable (it died?): {err}") from err
-        self.bytes_down += size
         return work
 
     def _collect(self, rank: int) -> dict[str, Any]:
         try:
-            answer, size = _recv(rank)
+            answer, _ = _recv(rank)
         except RuntimeError as err:
             raise RankError(f"rank {rank} did not answer (it died, or hung past the timeout): {err}") from err
-        self.bytes_up += size
+        if not isinstance(answer, dict):
+            raise protocol.MessageError(f"rank {rank} answered with a {type(answer).__name__}, not a dict")
         if answer.get("error"):
-            raise RankError(f"rank {rank} failed:\n{answer['error']}")
+            raise RankError(f"rank {rank} failed:\n{_answer_field(answer, rank, 'error', str)}")
         return answer
 
     def _exchange(self, per_rank: dict[int, Any]) -> dict[int, Any]:
@@ -156,26 +220,31 @@ class DistributedTransport(Transport):
             rank = self.owner.get(task.client_id, 0)
             (local if rank == 0 else remote.setdefault(rank, [])).append(i)
         replies: list[Reply | None] = [None] * len(tasks)
+        # Counted per task and reply as one process counts them, whatever rank handles them (the envelopes, the
+        # ranks' timings and the control messages are this engine's own, not traffic of the run).
+        self.bytes_down += sum(protocol.encoded_size(task) for task in tasks)
         # Remote ranks first (they work while rank 0 handles its own), then rank 0's, then collect.
         pending = [self._post(rank, {"op": "tasks", "tasks": [tasks[i] for i in idx]}) for rank, idx in remote.items()]
         t0 = time.perf_counter()
         for i in local:
-            self.bytes_down += protocol.encoded_size(tasks[i])
             replies[i] = self.runtime.handle(tasks[i])
-            self.bytes_up += protocol.encoded_size(replies[i])
             self._count(0, tasks[i], replies[i])
         fit = bool(tasks) and tasks[0].kind == protocol.FIT  # a batch holds one kind of task; throughput counts fits
         if fit:
             self._seconds[0] += time.perf_counter() - t0
         for rank, indices in remote.items():
             answer = self._collect(rank)
-            for i, reply in zip(indices, answer["replies"], strict=True):
+            got = _answer_field(answer, rank, "replies", list)
+            if len(got) != len(indices) or not all(isinstance(r, Reply) for r in got):
+                raise protocol.MessageError(f"rank {rank} answered {len(indices)} tasks with {_brief(got)}")
+            for i, reply in zip(indices, got, strict=True):
                 replies[i] = reply
                 self._count(rank, tasks[i], reply)
             if fit:
-                self._seconds[rank] += answer["seconds"]
+                self._seconds[rank] += _answer_field(answer, rank, "seconds", (float, int))
         for work in pending:
             work.wait()
+        self.bytes_up += sum(protocol.encoded_size(reply) for reply in replies)
         yield from replies
 
     def _count(self, rank: int, task: Task, reply: Reply) -> None:
@@ -202,7 +271,8 @@ class DistributedTransport(Transport):
 
     def runtime_state(self) -> dict[str, Any]:  # noqa: D102
         answers = self._broadcast("state")
-        return merge_runtime_states([self.runtime.state_dict(), *(answers[r]["state"] for r in sorted(answers))])
+        states = [_answer_field(answers[r], r, "state", dict) for r in sorted(answers)]
+        return merge_runtime_states([self.runtime.state_dict(), *states])
 
     def load_runtime_state(self, state: dict[str, Any]) -> None:  # noqa: D102
         self.runtime.load_state_dict(split_runtime_state(state, self.owner, 0))
@@ -222,8 +292,12 @@ def serve(runtime: ClientRuntime) -> None:
     killing this process silently.
     """
     while True:
-        message, _ = _recv(0)
-        op = message["op"]
+        try:
+            message, _ = _recv(0)
+            op = _request_op(message)
+        except protocol.MessageError:  # reported to rank 0; what follows on the wire can no longer be trusted
+            _send({"error": traceback.format_exc()}, 0)[0].wait()
+            return
         try:
             if op == "stop":
                 _send({"ok": True}, 0)[0].wait()

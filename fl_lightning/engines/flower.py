@@ -64,6 +64,7 @@ RUN_DEFAULTS: dict[str, Any] = {
 }
 _Answer = tuple[bytes, dict[str, Any], "str | None"]  # a node's reply bytes, its routing facts, or its error
 _TYPES = {protocol.FIT: "train", protocol.EVALUATE: "evaluate"}  # every other kind is a "query"
+_SHARED_KEYS = ("num_classes", "in_channels", "image_size", "batch_size", "seed")  # the same on every site
 
 
 def run_args(run_config: dict[str, Any]) -> list[str]:
@@ -82,15 +83,91 @@ def pack(data: bytes, **meta: Any) -> RecordDict:
 
 
 def unpack(content: RecordDict) -> tuple[bytes, dict[str, Any]]:
-    """A ``RecordDict`` from :func:`pack` → the encoded bytes and the routing facts (nothing decoded yet)."""
+    """A ``RecordDict`` from :func:`pack` → the encoded bytes and the routing facts (nothing decoded yet).
+
+    Raises:
+        protocol.MessageError: If the records are not what :func:`pack` writes: one flat ``uint8`` array of
+            :data:`STYPE` whose shape matches its bytes (at most :data:`protocol.MAX_BYTES`), and routing facts of
+            :data:`META_TYPES` only.
+
+    """
     try:
         array = content.array_records[MSG]["message"]
         meta = dict(content.config_records.get(META, ConfigRecord()))
-    except KeyError as err:
+    except (KeyError, AttributeError, TypeError) as err:
         raise protocol.MessageError(f"not an fl_lightning Flower message (missing {err})") from None
-    if array.stype != STYPE or array.dtype != "uint8":
-        raise protocol.MessageError(f"unexpected array {array.dtype}/{array.stype} in an fl_lightning message")
-    return bytes(array.data), meta
+    if not isinstance(array, Array) or array.stype != STYPE or array.dtype != "uint8":
+        what = f"{array.dtype}/{array.stype}" if isinstance(array, Array) else type(array).__name__
+        raise protocol.MessageError(f"unexpected array {what} in an fl_lightning message")
+    data, shape = array.data, array.shape
+    flat = isinstance(data, bytes) and isinstance(shape, (list, tuple)) and list(shape) == [len(data)]
+    if not flat or len(data) > protocol.MAX_BYTES:
+        size = len(data) if isinstance(data, bytes) else type(data).__name__
+        raise protocol.MessageError(f"the message array's shape {array.shape} does not match its {size} bytes")
+    _check_meta(meta)
+    return data, meta
+
+
+# Routing facts a message may carry in "fl.meta", and their types.
+META_TYPES: dict[str, type] = {"op": str, "run": str, "round": int, "keep_from": int, PRECONDITION: str}
+_OPS = ("task", DESCRIBE, RESTORE)
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    for key, value in meta.items():
+        kind = META_TYPES.get(key)
+        if kind is None:
+            raise protocol.MessageError(f"unknown routing fact {key!r} in an fl_lightning message")
+        if type(value) is not kind:  # exactly: a bool is no round
+            raise protocol.MessageError(f"routing fact {key!r} must be {kind.__name__}, not {type(value).__name__}")
+    if meta.get("op", "task") not in _OPS:
+        raise protocol.MessageError(f"unknown operation {meta['op']!r} (one of {', '.join(_OPS)})")
+    if meta.get("round", 0) < 0:
+        raise protocol.MessageError(f"negative round {meta['round']} in an fl_lightning message")
+
+
+def parse_description(data: bytes, node: int) -> dict[str, Any]:
+    """A node's answer to ``describe`` (:meth:`~fl_lightning.engines.flower_site.Site.describe`), checked.
+
+    Raises:
+        protocol.MessageError: If it is not that JSON object (its keys, client ids with two sample counts,
+            positive sizes), naming the node.
+
+    """
+    try:
+        if len(data) > protocol.MAX_HEADER_BYTES:
+            raise ValueError(f"{len(data)} bytes is more than a description needs")
+        desc = json.loads(data.decode("utf-8"))
+        _check_description(desc)
+    except (ValueError, RecursionError) as err:  # MessageError is a ValueError, as are JSON's and UTF-8's errors
+        raise protocol.MessageError(f"SuperNode {node} described itself wrongly: {err}") from None
+    return desc
+
+
+def _check_description(desc: Any) -> None:
+    keys = {"clients", *_SHARED_KEYS}
+    if not isinstance(desc, dict) or not keys <= desc.keys() <= keys | {"partitions"}:
+        raise ValueError(f"expected an object of {sorted(keys)} (and 'partitions'), got {_brief(desc)}")
+    clients = desc["clients"]
+    if not isinstance(clients, dict) or not all(
+        cid and isinstance(n, list) and len(n) == 2 and all(type(x) is int and x >= 0 for x in n)
+        for cid, n in clients.items()
+    ):
+        raise ValueError(f"'clients' maps client ids to [train samples, test samples], not {_brief(clients)}")
+    positive = {k: desc[k] for k in ("batch_size", "num_classes", "in_channels", "partitions") if k in desc}
+    for key, value in positive.items():
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{key!r} is a positive integer, not {value!r}")
+    size = desc["image_size"]
+    if not isinstance(size, list) or not 1 <= len(size) <= 3 or not all(type(s) is int and s >= 1 for s in size):
+        raise ValueError(f"'image_size' is a list of positive integers, not {_brief(size)}")
+    if type(desc["seed"]) is not int:
+        raise ValueError(f"'seed' is an integer, not {desc['seed']!r}")
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 # ---------------------------------------------------------------------------------------------------- server
@@ -147,7 +224,7 @@ class FlowerTransport(Transport):
                     self.describe_errors[node] = error
                     continue
                 self.describe_errors.pop(node, None)
-                self.descriptions[node] = json.loads(data.decode())
+                self.descriptions[node] = parse_description(data, node)
                 for cid in self.descriptions[node]["clients"]:
                     self.routes[cid] = node
         return self.description()
@@ -159,13 +236,12 @@ class FlowerTransport(Transport):
         first = next(iter(self.descriptions.values()))
         clients: dict[str, list[int]] = {}
         for desc in self.descriptions.values():
-            for key in ("num_classes", "in_channels", "image_size", "batch_size", "seed"):
+            for key in _SHARED_KEYS:
                 if desc[key] != first[key]:
                     raise ValueError(f"the sites disagree on {key}: {desc[key]} vs {first[key]}")
             clients.update(desc["clients"])
         ordered = dict(sorted(clients.items(), key=lambda kv: _client_order(kv[0])))
-        return {**{k: first[k] for k in ("num_classes", "in_channels", "image_size", "batch_size", "seed")},
-                "clients": ordered}  # fmt: skip
+        return {**{k: first[k] for k in _SHARED_KEYS}, "clients": ordered}
 
     # ------------------------------------------------------------------ messages
     def _exchange(self, items: list[tuple[int, RecordDict, str]]) -> list[_Answer]:
@@ -183,7 +259,10 @@ class FlowerTransport(Transport):
                 if reply.has_error():
                     out[i] = (b"", {}, f"{reply.error.reason} (code {reply.error.code})")
                 else:
-                    data, meta = unpack(reply.content)
+                    try:
+                        data, meta = unpack(reply.content)
+                    except protocol.MessageError as err:
+                        raise protocol.MessageError(f"SuperNode {items[i][0]}: {err}") from None
                     out[i] = (data, meta, None)
             if len(out) < len(ids):
                 if time.monotonic() > deadline:
@@ -230,10 +309,7 @@ class FlowerTransport(Transport):
                     continue
                 raise RuntimeError(f"{task.kind} task {task.query or ''} for client {task.client_id!r}: {error}")
             self.bytes_up += len(answer)
-            reply = protocol.decode(answer)
-            if not isinstance(reply, Reply):
-                raise protocol.MessageError(f"expected a reply, got {type(reply).__name__}")
-            replies.append(reply)
+            replies.append(_reply_of(task, node, answer))
         return replies
 
     def _route(self, client_id: str) -> int:
@@ -278,6 +354,19 @@ class FlowerTransport(Transport):
                 raise PreconditionError(f"SuperNode {node}: {meta[PRECONDITION]}")
             if error is not None:
                 raise RuntimeError(f"SuperNode {node} could not restore its state of round {self.last_round}: {error}")
+
+
+def _reply_of(task: Task, node: int, data: bytes) -> Reply:
+    """A node's encoded reply to ``task``, checked: a reply, and for the task's client."""
+    try:
+        reply = protocol.decode(data)
+    except protocol.MessageError as err:
+        raise protocol.MessageError(f"reply of client {task.client_id!r} (SuperNode {node}): {err}") from None
+    if not isinstance(reply, Reply):
+        raise protocol.MessageError(f"expected a reply from SuperNode {node}, got {type(reply).__name__}")
+    if reply.client_id != task.client_id:
+        raise protocol.MessageError(f"SuperNode {node} answered a task of {task.client_id!r} for {reply.client_id!r}")
+    return reply
 
 
 def _client_order(client_id: str) -> tuple[int, Any]:
@@ -396,14 +485,15 @@ def answer(
     op = meta.get("op", "task")
     if op == DESCRIBE:
         return Message(pack(json.dumps(site.describe()).encode()), reply_to=message)
-    round_index = int(meta["round"])
+    if "run" not in meta or "round" not in meta:
+        raise protocol.MessageError(f"a {op} message names its run and round; it has {sorted(meta)}")
+    round_index = meta["round"]
     try:
-        site.open_run(str(meta["run"]), round_index)
+        site.open_run(meta["run"], round_index)
         if op == RESTORE:
             site.restore(round_index)
             return Message(pack(b""), reply_to=message)
-        keep_from = meta.get("keep_from")
-        out = site.handle(data, None if keep_from is None else int(keep_from))
+        out = site.handle(data, meta.get("keep_from"))
     except PreconditionError as err:
         # Not one client's failure: the server stops the run with this message (Flower would only report that
         # the ClientApp raised, and the client would count as failed).

@@ -88,7 +88,10 @@ class SiteSettings:
         """
         clients = node_config.get(NODE_CLIENTS)
         ids = tuple(c.strip() for c in str(clients).split(",") if c.strip()) if clients not in (None, "") else None
-        args = tuple(shlex.split(str(node_config.get(NODE_ARGS, ""))))
+        try:
+            args = tuple(shlex.split(str(node_config.get(NODE_ARGS, ""))))
+        except ValueError as err:  # an unclosed quote
+            raise ValueError(f"node config {NODE_ARGS}={node_config[NODE_ARGS]!r} is no command line: {err}") from None
         state_dir = Path(str(node_config.get(NODE_STATE_DIR) or DEFAULT_STATE_DIR)).expanduser()
         partition = None
         if ids is None and (NODE_PARTITION_ID in node_config or NODE_NUM_PARTITIONS in node_config):
@@ -126,7 +129,7 @@ def _partition(node_config: dict[str, Any]) -> tuple[int, int]:
     if missing:
         raise ValueError(f"node config gives {NODE_PARTITION_ID} and {NODE_NUM_PARTITIONS} together; {missing} missing")
     try:
-        index, count = int(node_config[NODE_PARTITION_ID]), int(node_config[NODE_NUM_PARTITIONS])
+        index, count = (_integer(node_config[k]) for k in (NODE_PARTITION_ID, NODE_NUM_PARTITIONS))
     except (TypeError, ValueError):
         raise ValueError(
             f"node config {NODE_PARTITION_ID}={node_config[NODE_PARTITION_ID]!r} and "
@@ -138,6 +141,13 @@ def _partition(node_config: dict[str, Any]) -> tuple[int, int]:
             f"({NODE_NUM_PARTITIONS}={count})"
         )
     return index, count
+
+
+def _integer(value: Any) -> int:
+    """An integer node config value (also as text); no bool, no fraction (``int()`` would truncate 1.5 to 1)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"{value!r} is no integer")
+    return int(value)
 
 
 class SiteBuild:
@@ -269,7 +279,7 @@ class Site:
         newest = max(files)
         signature = self._signature(newest, files[newest])
         if signature != self._synced:  # another process (or an earlier run of this one) wrote it
-            self.runtime.load_state_dict(protocol.decode(files[newest].read_bytes()))
+            self.runtime.load_state_dict(read_state(files[newest]))
             self._synced = signature
         return newest
 
@@ -308,6 +318,10 @@ class Site:
         task = protocol.decode(data)
         if not isinstance(task, Task):
             raise protocol.MessageError(f"expected a task, got {type(task).__name__}")
+        if task.round < 0:  # it names the state file written after it
+            raise protocol.MessageError(f"task of round {task.round} (rounds count from 0)")
+        if keep_from is not None and type(keep_from) is not int:
+            raise protocol.MessageError(f"keep_from is a round, not {keep_from!r}")
         if task.client_id not in self.clients:
             hosted = self.clients
             raise protocol.MessageError(f"client {task.client_id!r} is not hosted here (this node hosts {hosted})")
@@ -321,6 +335,22 @@ class Site:
             if task.kind != protocol.EVALUATE:
                 self.save(task.round, keep_from)
         return protocol.encode(reply)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A runtime state file back from disk (the protocol's decoder: nothing is unpickled).
+
+    Raises:
+        protocol.MessageError: If the file is not an encoded runtime state (a dict), naming it.
+
+    """
+    try:
+        state = protocol.decode(path.read_bytes())
+    except protocol.MessageError as err:
+        raise protocol.MessageError(f"state file {path} is damaged: {err}") from None
+    if not isinstance(state, dict):
+        raise protocol.MessageError(f"state file {path} holds a {type(state).__name__}, not a runtime state")
+    return state
 
 
 _SITES: dict[tuple[Any, ...], Site] = {}

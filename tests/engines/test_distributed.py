@@ -6,6 +6,7 @@ list of runs in turn, so the suite pays the processes' start-up once.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -77,6 +78,25 @@ def test_resume_with_another_number_of_ranks_is_exact(runs, name):
     assert describe(runs / name)["sha256"] == describe(runs / "uninterrupted")["sha256"]
     rows = [r for r in (runs / name / "rounds.csv").read_text().splitlines()]
     assert len(rows) == 4  # header + 3 rounds, one of them from the other number of ranks
+
+
+def comm_columns(run: Path) -> list[dict[str, str]]:
+    """The ``comm/*`` columns of every row of a run's rounds.csv."""
+    with (run / "rounds.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if k.startswith("comm/")} for row in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_two_ranks_report_the_one_process_traffic_byte_for_byte(runs, name):
+    # The counts are the tasks' and replies' encoded sizes: no rank envelope, timing or control message in them.
+    one, two = comm_columns(runs / "one" / name), comm_columns(runs / "two" / name)
+    assert one and all(int(row["comm/bytes_down"]) > 0 for row in one)
+    assert two == one
+
+
+@pytest.mark.parametrize("name", ["one-two", "two-one"])
+def test_resume_with_another_number_of_ranks_reports_the_same_traffic(runs, name):
+    assert comm_columns(runs / name) == comm_columns(runs / "uninterrupted")
 
 
 def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):

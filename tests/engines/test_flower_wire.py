@@ -1,0 +1,210 @@
+"""What crosses the network in a Flower deployment is checked before it is trusted, in both directions.
+
+Records, routing facts, node descriptions, replies, tasks and the state files a site reads back; no Flower
+process is started (the parsers are called directly, a site without its build where none is needed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flwr", reason="the Flower engine needs the `flower` extra: pip install -e '.[flower]'")
+
+import torch  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
+
+from fl_lightning import protocol  # noqa: E402
+from fl_lightning.engines import flower  # noqa: E402
+from fl_lightning.engines.flower import MSG, STYPE, FlowerTransport, pack, parse_description, unpack  # noqa: E402
+from fl_lightning.engines.flower_site import Site, SiteSettings, read_state  # noqa: E402
+from fl_lightning.protocol import MessageError, Reply, Task  # noqa: E402
+from fl_lightning.runtime import ClientRuntime  # noqa: E402
+
+DESCRIPTION = {"clients": {"site0": [40, 10]}, "batch_size": 8, "num_classes": 10, "in_channels": 1,
+               "image_size": [8, 8], "seed": 0}  # fmt: skip
+
+
+def records(array: Any = None, **meta: Any) -> RecordDict:
+    array = Array(dtype="uint8", shape=(3,), stype=STYPE, data=b"abc") if array is None else array
+    return RecordDict({MSG: ArrayRecord({"message": array}), flower.META: ConfigRecord(meta)})
+
+
+# ---------------------------------------------------------------------------------------------------- records
+def test_records_from_pack_come_back_whole():
+    assert unpack(pack(b"abc", op="task", run="r", round=0, keep_from=0)) == (
+        b"abc",
+        {"op": "task", "run": "r", "round": 0, "keep_from": 0},
+    )
+    assert unpack(pack(b"", **{flower.PRECONDITION: "needs SGD"})) == (b"", {flower.PRECONDITION: "needs SGD"})
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (RecordDict({}), "not an fl_lightning Flower message"),
+        (records(Array(dtype="float32", shape=(3,), stype=STYPE, data=b"abc")), "unexpected array float32"),
+        (records(Array(dtype="uint8", shape=(3,), stype="numpy.ndarray", data=b"abc")), "unexpected array uint8"),
+        (records(Array(dtype="uint8", shape=(1000,), stype=STYPE, data=b"abc")), r"shape \(1000,\) does not match"),
+        (records(Array(dtype="uint8", shape=(1, 3), stype=STYPE, data=b"abc")), "does not match its 3 bytes"),
+        (records(evil="x"), "unknown routing fact 'evil'"),
+        (records(round="3"), "routing fact 'round' must be int, not str"),
+        (records(round=True), "routing fact 'round' must be int, not bool"),
+        (records(round=-1), "negative round -1"),
+        (records(keep_from=1.5), "'keep_from' must be int, not float"),
+        (records(run=3), "'run' must be str, not int"),
+        (records(op="exec"), "unknown operation 'exec'"),
+    ],
+)
+def test_records_that_pack_never_writes_are_refused(content, match):
+    with pytest.raises(MessageError, match=match):
+        unpack(content)
+
+
+# ---------------------------------------------------------------------------------------------------- describe
+def test_a_sites_description_is_parsed_and_checked():
+    assert parse_description(json.dumps(DESCRIPTION).encode(), 7) == DESCRIPTION
+    with_partitions = {**DESCRIPTION, "partitions": 3}
+    assert parse_description(json.dumps(with_partitions).encode(), 7) == with_partitions
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"\xff", "UnicodeDecodeError|invalid start byte"),
+        (b"{", "Expecting property name"),
+        (b"[" * 100_000, "recursion"),
+        (b"[1]", r"expected an object of \['batch_size'"),
+        (json.dumps({**DESCRIPTION, "evil": 1}).encode(), "expected an object of"),
+        (json.dumps({k: v for k, v in DESCRIPTION.items() if k != "seed"}).encode(), "expected an object of"),
+        (json.dumps({**DESCRIPTION, "clients": ["site0"]}).encode(), "'clients' maps client ids to"),
+        (json.dumps({**DESCRIPTION, "clients": {"site0": [40]}}).encode(), "'clients' maps client ids to"),
+        (json.dumps({**DESCRIPTION, "clients": {"site0": [-1, 10]}}).encode(), "'clients' maps client ids to"),
+        (json.dumps({**DESCRIPTION, "clients": {"": [1, 1]}}).encode(), "'clients' maps client ids to"),
+        (json.dumps({**DESCRIPTION, "batch_size": 0}).encode(), "'batch_size' is a positive integer, not 0"),
+        (json.dumps({**DESCRIPTION, "num_classes": True}).encode(), "'num_classes' is a positive integer, not True"),
+        (json.dumps({**DESCRIPTION, "partitions": "3"}).encode(), "'partitions' is a positive integer"),
+        (json.dumps({**DESCRIPTION, "image_size": [8, -8]}).encode(), "'image_size' is a list of positive integers"),
+        (json.dumps({**DESCRIPTION, "image_size": 8}).encode(), "'image_size' is a list of positive integers"),
+        (json.dumps({**DESCRIPTION, "seed": 0.5}).encode(), "'seed' is an integer, not 0.5"),
+        (b" " * (protocol.MAX_HEADER_BYTES + 1), "more than a description needs"),
+    ],
+)
+def test_a_wrong_description_is_refused_naming_the_node(data, match):
+    with pytest.raises(MessageError, match=f"SuperNode 7 described itself wrongly: .*({match})"):
+        parse_description(data, 7)
+
+
+def test_discovery_refuses_a_wrong_description_naming_the_node(monkeypatch):
+    transport = FlowerTransport(grid=None)  # type: ignore[arg-type]  # no messages leave: _exchange is replaced
+    monkeypatch.setattr(transport, "node_ids", lambda: [7])
+    monkeypatch.setattr(transport, "_exchange", lambda items: [(b'{"clients": 1}', {}, None)])
+    with pytest.raises(MessageError, match="SuperNode 7 described itself wrongly"):
+        transport.discover()
+
+
+# ---------------------------------------------------------------------------------------------------- replies
+def transport_replying(monkeypatch: pytest.MonkeyPatch, answer: bytes) -> FlowerTransport:
+    transport = FlowerTransport(grid=None)  # type: ignore[arg-type]
+    transport.routes, transport.descriptions = {"site0": 7}, {7: {}}
+    monkeypatch.setattr(transport, "node_ids", lambda: [7])
+    monkeypatch.setattr(transport, "_exchange", lambda items: [(answer, {}, None)] * len(items))
+    return transport
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        (b"not a message", r"reply of client 'site0' \(SuperNode 7\): not an fl_lightning message"),
+        (protocol.encode({"client_id": "site0"}), "expected a reply from SuperNode 7, got dict"),
+        (protocol.encode(Reply("site1")), "SuperNode 7 answered a task of 'site0' for 'site1'"),
+    ],
+)
+def test_a_wrong_reply_is_refused_naming_client_and_node(monkeypatch, answer, match):
+    with pytest.raises(MessageError, match=match):
+        transport_replying(monkeypatch, answer).request(Task(protocol.FIT, 0, "site0", "global"))
+
+
+def test_records_of_a_wrong_reply_name_the_node(monkeypatch):
+    reply = Message(records(round="x"), metadata=Metadata(1, "r1", 7, 0, "m1", "", time.time(), 60.0, "train"))
+
+    class Grid:
+        def push_messages(self, messages):
+            return ["m1"]
+
+        def pull_messages(self, ids):
+            return [reply]
+
+    monkeypatch.setattr(flower, "Message", lambda **kw: None)  # outgoing messages need a Flower run: none leaves
+    with pytest.raises(MessageError, match="SuperNode 7: routing fact 'round' must be int"):
+        FlowerTransport(Grid())._exchange([(7, pack(b""), "train")])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------- site side
+def bare_site(tmp_path: Path) -> Site:
+    """A site hosting ``site0`` without its build: what arrives is refused before the runtime is used."""
+    site = object.__new__(Site)
+    site.clients, site.settings, site.run_key = ["site0"], SiteSettings(("site0",), (), tmp_path), None
+    return site
+
+
+@pytest.mark.parametrize(
+    ("data", "keep_from", "match"),
+    [
+        (b"FLM1", None, "not an fl_lightning message"),
+        (protocol.encode(Reply("site0")), None, "expected a task, got Reply"),
+        (protocol.encode(Task("fit", -1, "site0")), None, r"task of round -1 \(rounds count from 0\)"),
+        (protocol.encode(Task("fit", 0, "site0")), "0", "keep_from is a round, not '0'"),
+        (protocol.encode(Task("fit", 0, "site9")), None, "client 'site9' is not hosted here"),
+    ],
+)
+def test_a_site_refuses_tasks_it_must_not_run(tmp_path, data, keep_from, match):
+    with pytest.raises(MessageError, match=match):
+        bare_site(tmp_path).handle(data, keep_from)
+
+
+@pytest.mark.parametrize("meta", [{"op": "task"}, {"op": flower.RESTORE, "round": 0}, {"run": "r"}])
+def test_a_task_or_restore_without_run_and_round_is_refused(monkeypatch, meta):
+    monkeypatch.setattr(flower, "site_for", lambda *args: None)  # no site is built
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    metadata = Metadata(1, "m1", 1, 7, "", "", time.time(), 60.0, "train")
+    with pytest.raises(MessageError, match="names its run and round"):
+        flower.answer(Message(pack(b"", **meta), metadata=metadata), context)
+
+
+def test_a_damaged_state_file_is_named(tmp_path):
+    path = tmp_path / "round-00003.flm"
+    path.write_bytes(protocol.encode({"private": {"w": torch.ones(2)}}) + b"\x00")
+    with pytest.raises(MessageError, match=f"state file {path} is damaged: message length"):
+        read_state(path)
+    path.write_bytes(protocol.encode([torch.ones(2)]))
+    with pytest.raises(MessageError, match="holds a list, not a runtime state"):
+        read_state(path)
+    path.write_bytes(protocol.encode({"private": {"site0": {"g": {"w": torch.ones(2)}}}}))
+    assert torch.equal(read_state(path)["private"]["site0"]["g"]["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("node_config", "match"),
+    [
+        ({"partition-id": True, "num-partitions": 2}, "must be integers"),
+        ({"partition-id": 0.5, "num-partitions": 2}, "must be integers"),
+        ({"fl-args": '--data.path="/srv/a.npz'}, r"node config fl-args=.* is no command line: No closing quotation"),
+    ],
+)
+def test_bad_node_configs_are_named(node_config, match):
+    with pytest.raises(ValueError, match=match):
+        SiteSettings.from_node_config(node_config)
+
+
+def test_the_client_runtime_refuses_what_is_not_a_task():
+    runtime: Any = object()  # handle_bytes refuses before it uses the runtime
+    with pytest.raises(MessageError, match="expected a task, got Reply"):
+        ClientRuntime.handle_bytes(runtime, protocol.encode(Reply("c0")))
+    hostile = protocol.encode(Task("fit", 0, "c0")).replace(b'"kind":"fit"', b'"kind":"pwn"')
+    with pytest.raises(MessageError, match="unknown task kind 'pwn'"):
+        ClientRuntime.handle_bytes(runtime, hostile)
