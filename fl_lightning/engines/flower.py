@@ -405,7 +405,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
                 f"{transport.describe_errors}"
             )
     importer.join()
-    from fl_lightning.cli import build_cli
+    from fl_lightning.cli import build_cli, config_yaml
     from fl_lightning.federation import Federation
 
     data_args = [
@@ -427,7 +427,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         datamodule=cli.datamodule,
         trainer=cli.trainer,
         seed=int(cli.config["seed_everything"]),
-        config_text=cli.parser.dump(original, skip_check=True),
+        config_text=config_yaml(cli.parser, original),
         config_dict=original.clone().as_dict(),
         transport=transport,
     )
