@@ -5,6 +5,8 @@ from callbacks.base import FederatedCallback
 from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
 from callbacks.domain_isolation import DomainIsolation
+from callbacks.dp_fedavg import DPFedAvg
+from callbacks.dp_sgd import DPSGD
 from callbacks.experience_replay import ExperienceReplay
 from callbacks.fedbn import FedBN
 from callbacks.feddyn import FedDyn
@@ -23,7 +25,9 @@ __all__ = [
     "ClassifierShift",
     "ExperienceReplay",
     "ClusteredFL",
+    "DPFedAvg",
     "DomainIsolation",
+    "DPSGD",
     "FedBN",
     "FedDyn",
     "FedNova",

@@ -25,6 +25,7 @@ from fl_lightning.checkpoint import ClientStateStore, checkpoint_path, rng_state
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.environment import environment_record
+from fl_lightning.errors import StopFederation
 from fl_lightning.evaluation import evaluate_nodes, summarise
 from fl_lightning.groups import split_by_clients, split_by_samples
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state
@@ -92,6 +93,7 @@ class Federation:
         self.run_dir: RunDirectory | None = None
         self.last_evaluation: dict[str, Any] = {}
         self.evaluated_clients: list[str] = []  # the clients of the latest evaluation
+        self.stopped: str | None = None  # why a callback ended the run early (StopFederation), else None
 
     # ------------------------------------------------------------------ set-up
     def _check_mode(self) -> None:
@@ -175,7 +177,11 @@ class Federation:
         status = "failed"
         try:
             for r in range(self.round, cfg.rounds):
-                self.last_evaluation = self.run_round(r)
+                evaluation = self.run_round(r)
+                if self.stopped is not None:  # a callback ended the run before round r: rounds 1..r stand
+                    self._finish_stopped()
+                    break
+                self.last_evaluation = evaluation
                 self.round = r + 1
                 if cfg.checkpoint_every and (self.round % cfg.checkpoint_every == 0 or self.round == cfg.rounds):
                     self.save_checkpoint()
@@ -237,8 +243,12 @@ class Federation:
         t_round = time.perf_counter()
         # --- select
         selected = self.select(r)
-        for cb in self.callbacks:
-            cb.on_round_start(self, r, selected)
+        try:
+            for cb in self.callbacks:
+                cb.on_round_start(self, r, selected)
+        except StopFederation as stop:  # nothing of round r was sent yet: end the run here, normally
+            self.stopped = f"stopped before round {r + 1}: {stop}"
+            return {}
         self.reporter.round_start(sum(len([c for c in selected if c in g.members]) for g in self.groups))
         # --- local training and streaming aggregation, per group; replies in the order of the selection
         trained: dict[str, dict[str, Any]] = {}
@@ -328,6 +338,15 @@ class Federation:
         )
         self.reporter.round_end(line)
         return evaluation
+
+    def _finish_stopped(self) -> None:
+        """After a StopFederation: warn, evaluate the last models if their round was not, checkpoint them."""
+        warnings.warn(self.stopped, stacklevel=3)
+        self.reporter.note(self.stopped)
+        if not self.last_evaluation:
+            self.last_evaluation = self.evaluate()
+        if self.config.checkpoint_every and self.round and self.round % self.config.checkpoint_every:
+            self.save_checkpoint()  # the last round was not checkpointed yet
 
     def _expand(self, client_ids: list[str]) -> set[str]:
         """Client ids, with the pooled pseudo-client standing for every client."""
@@ -540,6 +559,8 @@ class Federation:
             "rounds": self.round,
             "methods": [type(cb).__name__ for cb in self.callbacks] or ["FedAvg"],
         }
+        if self.stopped is not None:
+            meta["stopped"] = self.stopped
         for cb in self.callbacks:
             meta.update(cb.summary_entries(self))
         test_samples = {c: self.data.num_test_samples(c) for c in self.data.client_ids}
