@@ -18,6 +18,7 @@ from callbacks.lr_schedule import LRSchedule
 from callbacks.moon import Moon
 from callbacks.reweighting import Reweighting
 from callbacks.scaffold import Scaffold
+from callbacks.secure_aggregation import SecureAggregation
 from callbacks.weight_perturbation import WeightPerturbation
 
 __all__ = [
@@ -39,5 +40,6 @@ __all__ = [
     "Moon",
     "Reweighting",
     "Scaffold",
+    "SecureAggregation",
     "WeightPerturbation",
 ]

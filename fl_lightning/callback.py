@@ -25,13 +25,13 @@ class FederatedCallback(L.Callback):
     **Server half** (called by the :class:`~fl_lightning.federation.Federation`, which it may read):
     ``on_federation_start`` → each round ``on_round_start`` → per task ``configure_task`` (add a payload
     with :meth:`put_payload`, or set the task's budget) → per reply ``on_reply`` (read payloads with
-    :meth:`get_payload`) → per group ``on_aggregate`` → ``on_pass_on`` (peer-to-peer) → evaluation
+    :meth:`get_payload`) → per group ``on_mean`` → ``on_aggregate`` → ``on_pass_on`` (peer-to-peer) → evaluation
     (``extra_evaluation``) → ``on_round_end``. ``state_dict``/``load_state_dict`` hold the server half's state.
 
     **Client half** (called by the :class:`~fl_lightning.runtime.ClientRuntime`; never sees the Federation):
     ``on_runtime_start`` once → per fit ``on_client_start`` → ``wrap_train_loader`` → the usual Lightning
-    hooks during the local fit → ``on_client_end``; named queries go to ``answer_query``. Each hook gets a
-    :class:`~fl_lightning.runtime.ClientContext`: the client id, round, this callback's task payload, the
+    hooks during the local fit → ``on_client_end`` → ``on_upload``; named queries go to ``answer_query``. Each hook
+    gets a :class:`~fl_lightning.runtime.ClientContext`: the client id, round, this callback's task payload, the
     received global state and the client's private state for this callback (``ctx.state``, a dict the
     runtime keeps and checkpoints per client).
 
@@ -98,6 +98,15 @@ class FederatedCallback(L.Callback):
         """Server: return the group's new global state given the previous one and the weighted average."""
         return averaged
 
+    def on_mean(self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
+        """Server: the group's weighted mean of the uploads, before any callback's ``on_aggregate`` sees it.
+
+        For a callback that changes what the uploads are rather than how they are combined (secure aggregation
+        puts the unmasked sum here), so every ``on_aggregate`` (FedOpt, DP-FedAvg) sees the plain mean whatever
+        the callbacks' order. Most methods use ``on_aggregate``.
+        """
+        return averaged
+
     def moves_models(self) -> bool:
         """Peer-to-peer only: whether models travel to the successor (False keeps them on their node)."""
         return True
@@ -129,6 +138,13 @@ class FederatedCallback(L.Callback):
 
     def on_client_end(self, ctx: ClientContext, module: L.LightningModule, reply: Reply) -> None:
         """Client: after the local fit; ``reply`` (state, counts) may be changed and given payloads."""
+
+    def on_upload(self, ctx: ClientContext, reply: Reply) -> None:
+        """Client: the last look at a fit reply before it leaves, after every callback's ``on_client_end``.
+
+        For a callback that must transform the final upload whatever the callbacks' order (secure aggregation masks
+        the update DP-FedAvg clipped and noised). Most methods use ``on_client_end``.
+        """
 
     def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
         """Client: answer the named query task; the return value is the reply's payload.

@@ -423,6 +423,8 @@ class Federation:
         """Server step of one group: the weighted mean of the uploads, then the callbacks' server logic."""
         # Clients dropped out (or a callback re-weighted): renormalise, integer buffers included.
         averaged = mean.result(normalize=abs(mean.total_weight - 1.0) > 1e-9)
+        for cb in self.callbacks:  # what the uploads mean (secure aggregation unmasks), before any server step
+            averaged = cb.on_mean(self, group, group.state, averaged)
         for cb in self.callbacks:
             averaged = cb.on_aggregate(self, group, group.state, averaged)
         group.state = averaged

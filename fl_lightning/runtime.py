@@ -223,6 +223,8 @@ class ClientRuntime:
         )
         for cb, ctx in contexts:
             cb.on_client_end(ctx, module, reply)
+        for cb, ctx in contexts:  # after every on_client_end: e.g. secure aggregation masks the final update
+            cb.on_upload(ctx, reply)
         return reply
 
     def num_samples(self, client_id: str, subset: torch.Tensor | None = None) -> int:

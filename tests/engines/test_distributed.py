@@ -32,6 +32,20 @@ RESUME_BASE = [  # FedBN + FedProx, momentum kept: private layers, optimiser sta
 ]  # fmt: skip
 
 
+# The privacy callbacks on 1 and 2 ranks: DP-SGD's accountants live in the clients' states (sharded with them),
+# DP-FedAvg's noise is drawn on the server; both must give the one-process weights and ε.
+DP_RUNS = {
+    name: ["--config", str(REPO / f"configs/{name}_digits.yaml"), "--trainer.logger=false", "--federation.rounds=2",
+           "--federation.plots=false", "--data.max_samples_per_client=60", "--data.image_size=8", "--model.width=4",
+           "--federation.keep_checkpoints=0", *QUIET]
+    for name in ("dpsgd", "dpfedavg")
+}  # fmt: skip
+
+
+def dp_args(out: Path, name: str, run_name: str, *extra: str) -> list[str]:
+    return [*DP_RUNS[name], f"--federation.output_dir={out}", f"--federation.run_name={run_name}", *extra]
+
+
 def resume_args(out: Path, name: str, *extra: str) -> list[str]:
     return [*RESUME_BASE, f"--federation.output_dir={out}", f"--federation.run_name={name}", *extra]
 
@@ -58,7 +72,12 @@ def runs(tmp_path_factory):
         main(run_args(name, one, QUIET))
     main(resume_args(root, "uninterrupted"))
     main(resume_args(root, "one-two", "--federation.rounds=1"))  # 1 → 2: the first round in one process
+    for name in DP_RUNS:
+        main(dp_args(one, name, name))
+    main(dp_args(root, "dpsgd", "dpsgd-one-two", "--federation.rounds=1"))
     jobs = [run_args(name, two, QUIET) for name in RUNS]
+    jobs += [dp_args(two, name, name) for name in DP_RUNS]
+    jobs.append(dp_args(root, "dpsgd", "dpsgd-one-two", "--federation.resume=last"))
     jobs.append(resume_args(root, "two-one", "--federation.rounds=1"))  # 2 → 1: the first round on two ranks
     jobs.append(resume_args(root, "one-two", "--federation.resume=last"))
     run_on_two_ranks(jobs)
@@ -103,7 +122,7 @@ def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):
     run = runs / "two" / "fedavg_digits"
     header = (run / "rounds.csv").read_text().splitlines()[0].split(",")
     assert {"throughput/rank0/samples_per_s", "throughput/rank1/samples_per_s"} <= set(header)
-    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted(RUNS)  # no directory per rank
+    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted([*RUNS, *DP_RUNS])  # none per rank
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2
 
 
@@ -163,3 +182,19 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_pa
             proc.wait()
     summary = main([*args[:-2], "--federation.resume=last"])  # one process now
     assert summary["rounds"] == 8
+
+
+@pytest.mark.parametrize("name", list(DP_RUNS))
+def test_the_privacy_callbacks_give_the_one_process_weights_and_epsilon_on_two_ranks(runs, name):
+    one, two = runs / "one" / name, runs / "two" / name
+    assert describe(two)["sha256"] == describe(one)["sha256"]
+    privacy = [json.loads((run / "summary.json").read_text())["privacy"] for run in (one, two)]
+    assert privacy[0] == privacy[1] and privacy[0]
+    assert [r for r in csv.DictReader((one / "rounds.csv").open()) if "privacy" in str(r)]
+
+
+def test_dp_sgd_resumed_on_two_ranks_reports_the_uninterrupted_epsilon_and_weights(runs):
+    resumed, uninterrupted = runs / "dpsgd-one-two", runs / "one" / "dpsgd"
+    assert describe(resumed)["sha256"] == describe(uninterrupted)["sha256"]
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (resumed, uninterrupted)]
+    assert summaries[0]["privacy"] == summaries[1]["privacy"]

@@ -1,0 +1,217 @@
+"""Secure aggregation: clients mask their model updates so that the server learns only the weighted sum."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from callbacks.base import FederatedCallback
+from fl_lightning.errors import PreconditionError
+from fl_lightning.ops import aggregation_weights, secagg
+
+if TYPE_CHECKING:
+    from fl_lightning.federation import Federation
+    from fl_lightning.ops.state import StateDict
+    from fl_lightning.protocol import Reply, Task
+    from fl_lightning.runtime import ClientContext
+    from fl_lightning.state import ModelGroup
+
+# Methods checked to work on the aggregate alone (their server half never reads one client's update) and whose
+# client half leaves the reply's state as the update to protect. Anything else is refused, with its reason.
+COMPATIBLE = {"FedProx", "FedBN", "FedOpt", "DPFedAvg", "LRSchedule", "SecureAggregation"}
+REFUSED_REASONS = {
+    "Scaffold": "its server averages each client's control variate update c_i⁺ − c_i, sent in the clear",
+    "FedNova": "its server normalises each client's update by that client's a_i",
+    "FedDyn": "its server reads each client's update to keep h",
+    "ClusteredFL": "it clusters clients by their individual updates",
+    "AmplitudeNormalization": "its server reads each client's amplitude spectrum",
+    "DomainIsolation": "its server reads per-client routing and features",
+}
+
+
+def masked_names(state: StateDict, private: set[str]) -> list[str]:
+    """The entries an update masks: every floating entry that is shared (not private), in sorted key order.
+
+    Sorted, not ``state_dict`` order, so server and client agree whatever order a transport gives the keys.
+    """
+    return sorted(k for k, v in state.items() if v.is_floating_point() and k not in private)
+
+
+def flat_update(state: StateDict, received: StateDict, names: list[str]) -> torch.Tensor:
+    """Δ = w_i − w over ``names``, flattened in that order (float64)."""
+    return torch.cat(
+        [(state[k].detach().double().cpu() - received[k].detach().double().cpu()).reshape(-1) for k in names]
+    )
+
+
+class SecureAggregation(FederatedCallback):
+    """Pairwise-masked secure aggregation of whole model updates (Bonawitz et al. 2017, without dropout recovery).
+
+    **Keys.** At federation start the server sends each client a ``public_key`` query; the client draws an X25519
+    key pair from the OS's randomness (not the run seed), keeps the private key in its private state
+    (``ctx.state``, hence in the runtime's checkpoints: a checkpoint holds every hosted client's secret key and
+    must be kept as secret as the clients' data) and answers its public key. The server keeps the public keys
+    and relays those of the round's selected clients in every fit task.
+
+    **Client half** (``on_upload``, after every other callback's ``on_client_end``, so it masks what DP-FedAvg
+    clipped and noised): u_i = q(p_i Δ_i) + Σ_j ±r_ij mod 2^64, with Δ_i = w_i − w over every shared floating
+    entry (parameters and float buffers such as BatchNorm's running statistics; private keys such as FedBN's never
+    leave), p_i the client's public aggregation weight (sent in the task; n_i/Σn or 1/m as
+    ``federation.aggregation`` says), q the fixed point with ``bits`` fraction bits and r_ij the pair's mask: AES-CTR
+    keyed by HKDF-SHA256(X25519(i, j), info = run, round, group, pair), fresh every round. The reply's state is left
+    empty: the server receives u_i, the sample and step counts and the training loss, nothing else of the model.
+
+    **Server half** (``on_mean``, before every ``on_aggregate``): w ← w + dequantise(Σ_i u_i mod 2^64) =
+    w + Σ_i p_i Δ_i (the masks cancel), within m · 2^-(bits+1) per entry; FedOpt and DP-FedAvg then act on that mean.
+    Integer entries (BatchNorm's ``num_batches_tracked``) are not aggregated: they keep the global value.
+
+    **Dropout.** A selected client that fails leaves its pairs' masks uncancelled, so the sum would be garbage:
+    the round's aggregate is then refused with an error naming the client(s) and the run stops (resume it from the
+    last checkpoint). Recovering the masks of dropped clients (SecAgg's Shamir shares) is not implemented.
+
+    **What it protects against.** An honest-but-curious server (and the transport) seeing the uploads: each u_i
+    alone is uniformly distributed. Not covered: a server that lies about the public keys (no PKI or signatures),
+    colluding clients, what the sum itself reveals (use DPFedAvg for that) and the counts and losses in the clear.
+
+    Args:
+        bits: Fraction bits of the fixed point (per-entry error ≤ 2^-(bits+1) per client).
+
+    """
+
+    def __init__(self, *, bits: int = secagg.DEFAULT_BITS) -> None:
+        super().__init__()
+        if not 8 <= bits <= 52:
+            raise ValueError(f"SecureAggregation bits must be in [8, 52], got {bits}")
+        self.bits = bits
+        self.public_keys: dict[str, str] = {}  # client → hex public key (server state, checkpointed)
+        self._weights: dict[str, float] = {}
+        self._uploads: dict[str, torch.Tensor] = {}
+        self._selected: list[str] = []
+        self._round = 0
+
+    # ------------------------------------------------------------------ server half
+    @override
+    def on_federation_start(self, server: Federation) -> None:
+        cfg = server.config
+        if cfg.mode != "federated" or cfg.topology != "star" or len(server.groups) != 1:
+            raise PreconditionError("SecureAggregation needs one global model (federation.topology=star, one group)")
+        names = [type(cb).__name__ for cb in server.callbacks]
+        bad = [n for n in names if n not in COMPATIBLE]
+        if bad:
+            why = "; ".join(
+                f"{n}: {REFUSED_REASONS.get(n, 'not checked to work on the masked sum alone')}" for n in bad
+            )
+            raise PreconditionError(
+                f"SecureAggregation hides every client's update from the server, which {bad} need ({why}); "
+                f"it composes with {sorted(COMPATIBLE - {'SecureAggregation'})}"
+            )
+        private = set().union(*(cb.private_keys(server.module) for cb in server.callbacks))
+        self._names = masked_names(server.groups[0].state, private)
+        self._session = server.run_dir.path.name if server.run_dir is not None else ""
+        if not self.public_keys:  # else restored from a checkpoint, with the clients' private keys in theirs
+            ids = list(server.data.client_ids)
+            answers = server.query(self, "public_key", ids)
+            self.public_keys = {c: str(answers[c]) for c in ids}
+
+    @override
+    def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
+        self._round, self._selected, self._uploads = round_idx, list(selected), {}
+        # the weights the Federation gives the replies (public: the server knows every client's sample count)
+        counts = [server.num_samples(c, server.groups[0]) for c in selected]
+        self._weights = dict(zip(selected, aggregation_weights(counts, server.config.aggregation)))
+
+    @override
+    def configure_task(self, server: Federation, task: Task) -> None:
+        self.put_payload(
+            task,
+            {
+                "weight": self._weights[task.client_id],
+                "peers": {c: self.public_keys[c] for c in self._selected},
+                "session": self._session,
+                "bits": self.bits,
+            },
+        )
+
+    @override
+    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+        upload = (self.get_payload(reply) or {}).get("masked")
+        if not isinstance(upload, torch.Tensor) or upload.dtype != torch.int64:
+            raise ValueError(f"SecureAggregation: client {reply.client_id!r} sent no masked update")
+        if abs(weight - self._weights[reply.client_id]) > 1e-12:  # the client scaled by another weight
+            raise ValueError(
+                f"SecureAggregation: client {reply.client_id!r} was given weight {self._weights[reply.client_id]} "
+                f"but the Federation weighs it {weight}"
+            )
+        self._uploads[reply.client_id] = upload
+
+    @override
+    def on_mean(self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
+        missing = [c for c in self._selected if c not in self._uploads]
+        if missing:
+            raise RuntimeError(
+                f"SecureAggregation: round {self._round + 1}'s selected client(s) {missing} did not answer; their "
+                "pairwise masks do not cancel, so the masked sum is unusable and the round's aggregate is refused "
+                "(dropout recovery is not implemented): resume from the last checkpoint"
+            )
+        total = secagg.unmasked_sum([self._uploads[c] for c in self._selected], self.bits)
+        self._uploads = {}
+        size = sum(previous[k].numel() for k in self._names)
+        if total.numel() != size:
+            raise ValueError(f"SecureAggregation: masked sum of {total.numel()} entries, the model shares {size}")
+        out = {k: v.clone() for k, v in previous.items()}  # integer and private entries keep the global value
+        at = 0
+        for k in self._names:
+            w = previous[k]
+            delta = total[at : at + w.numel()].reshape(w.shape)
+            out[k] = (w.detach().double().cpu() + delta).to(dtype=w.dtype, device=w.device)
+            at += w.numel()
+        return out
+
+    @override
+    def summary_entries(self, server: Federation) -> dict[str, Any]:
+        return {"secure_aggregation": {"bits": self.bits, "clients_with_keys": len(self.public_keys)}}
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"public_keys": dict(self.public_keys)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.public_keys = {str(c): str(k) for c, k in state_dict["public_keys"].items()}
+
+    # ------------------------------------------------------------------ client half
+    @override
+    def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
+        if name == "public_key":
+            if "private_key" not in ctx.state:  # the secret never leaves the client (but is in its checkpoint)
+                ctx.state["private_key"] = secagg.generate_private_key().hex()
+            return secagg.public_key(bytes.fromhex(ctx.state["private_key"])).hex()
+        return super().answer_query(ctx, name, payload)
+
+    @override
+    def on_upload(self, ctx: ClientContext, reply: Reply) -> None:
+        task = ctx.payload
+        if task is None or "private_key" not in ctx.state or ctx.received is None:
+            raise PreconditionError(
+                f"SecureAggregation: client {ctx.client_id!r} has no key pair or task payload (was the server's "
+                "public_key query skipped?)"
+            )
+        peers = {c: bytes.fromhex(k) for c, k in task["peers"].items()}
+        if ctx.client_id not in peers:
+            raise ValueError(f"SecureAggregation: client {ctx.client_id!r} is not among the round's peers")
+        names = masked_names(ctx.received, ctx.runtime.private_keys)
+        update = flat_update(reply.state, ctx.received, names) * float(task["weight"])
+        bits = int(task["bits"])
+        mask = secagg.client_mask(
+            ctx.client_id,
+            bytes.fromhex(ctx.state["private_key"]),
+            peers,
+            update.numel(),
+            str(task["session"]),
+            ctx.round,
+            ctx.group,
+        )
+        self.put_payload(reply, {"masked": secagg.masked_upload(update, mask, bits, len(peers))})
+        reply.state = {}  # nothing of the model travels in the clear
