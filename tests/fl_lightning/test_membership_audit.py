@@ -139,7 +139,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     settings = {
         "overfit": ["--federation.rounds=3", "--federation.local_epochs=20"],
         "one_step": ["--federation.rounds=1", "--federation.local_steps=1"],
-    }
+        "overfit_dpsgd_eps8": [  # the overfit run's budget under DP-SGD at ε ≈ 8 (δ = 0.1/20)
+            "--federation.rounds=3", "--federation.local_epochs=20", "--trainer.callbacks+=callbacks.DPSGD",
+            "--trainer.callbacks.target_epsilon=8", "--trainer.callbacks.max_grad_norm=1.0",
+        ],
+    }  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the one-step model's collapse warnings are expected
         for name, extra in settings.items():
@@ -162,6 +166,14 @@ def test_an_overfit_model_leaks_membership_and_a_one_step_model_does_not(runs: d
     loss = overfit["attacks"]["loss"]
     assert loss["client_auc_worst"] == max(r["auc"] for r in loss["per_client"].values())
     assert loss["per_client"][loss["worst_client"]]["auc"] == loss["client_auc_worst"]
+
+
+def test_dp_sgd_at_epsilon_8_moves_the_attacks_towards_chance(runs: dict[str, Path]) -> None:
+    """Measured (seed 0): loss AUC 0.702 -> 0.523, calibrated 0.734 -> 0.555 (accuracy 0.50 -> 0.18 here)."""
+    overfit, private = audit(runs["overfit"]), audit(runs["overfit_dpsgd_eps8"])
+    for attack in ("loss", "class_calibrated"):
+        assert abs(private["attacks"][attack]["auc"] - 0.5) < abs(overfit["attacks"][attack]["auc"] - 0.5) - 0.1
+        assert private["attacks"][attack]["advantage"] < overfit["attacks"][attack]["advantage"]
 
 
 def test_write_adds_the_entry_and_leaves_the_rest_of_the_summary(runs: dict[str, Path], tmp_path: Path, capsys) -> None:
