@@ -75,16 +75,45 @@ class SecureAggregation(FederatedCallback):
     alone is uniformly distributed. Not covered: a server that lies about the public keys (no PKI or signatures),
     colluding clients, what the sum itself reveals (use DPFedAvg for that) and the counts and losses in the clear.
 
+    **Flower's SecAgg+** (``scheme="secaggplus"``, Flower engine only): the masking is Flower's ``secaggplus_mod``
+    on each SuperNode instead (one key pair set per node and round, Shamir-shared secrets, dropouts tolerated down
+    to the threshold; :mod:`fl_lightning.engines.flower_secagg`). The client half then leaves p_i Δ_i in its reply's
+    payload for the site to hand to the mod (it never travels in the clear) and the server half adds the sum the
+    transport unmasked, divided by the weight of the clients that answered. Error per entry and round ≤ m · 2c/T.
+
     Args:
         bits: Fraction bits of the fixed point (per-entry error ≤ 2^-(bits+1) per client).
+        scheme: ``"pairwise"`` (this callback's own masks, any engine, no dropout) or ``"secaggplus"``.
+        clipping_range: SecAgg+'s c: every entry of p_i Δ_i must lie in [-c, c].
+        quantization_range: SecAgg+'s T: quantisation to integers in [0, T] (T < 2^31).
+        modulus_range: SecAgg+'s modulus of the masks (a power of two above m · T).
+        threshold: SecAgg+'s reconstruction threshold, as a fraction of the round's nodes (at least 2 nodes).
 
     """
 
-    def __init__(self, *, bits: int = secagg.DEFAULT_BITS) -> None:
+    def __init__(
+        self,
+        *,
+        bits: int = secagg.DEFAULT_BITS,
+        scheme: str = "pairwise",
+        clipping_range: float = 1.0,
+        quantization_range: int = 2**30,
+        modulus_range: int = 2**40,
+        threshold: float = 0.5,
+    ) -> None:
         super().__init__()
         if not 8 <= bits <= 52:
             raise ValueError(f"SecureAggregation bits must be in [8, 52], got {bits}")
-        self.bits = bits
+        if scheme not in ("pairwise", "secaggplus"):
+            raise ValueError(f"SecureAggregation scheme is 'pairwise' or 'secaggplus', not {scheme!r}")
+        self.bits, self.scheme = bits, scheme
+        # What the Flower engine checks (flower_secagg.Settings) and the sites' mod runs with.
+        self.secaggplus = {
+            "clipping_range": float(clipping_range),
+            "quantization_range": int(quantization_range),
+            "modulus_range": int(modulus_range),
+            "threshold": float(threshold),
+        }
         self.public_keys: dict[str, str] = {}  # client → hex public key (server state, checkpointed)
         self._weights: dict[str, float] = {}
         self._uploads: dict[str, torch.Tensor] = {}
@@ -110,6 +139,14 @@ class SecureAggregation(FederatedCallback):
         private = set().union(*(cb.private_keys(server.module) for cb in server.callbacks))
         self._names = masked_names(server.groups[0].state, private)
         self._session = server.run_dir.path.name if server.run_dir is not None else ""
+        if self.scheme == "secaggplus":
+            if "secaggplus" not in getattr(server.transport, "secure_aggregation", ()):
+                raise PreconditionError(
+                    f"SecureAggregation(scheme='secaggplus') runs Flower's SecAgg+ on the Flower engine's SuperNodes; "
+                    f"the {server.transport.name!r} transport does not (use scheme='pairwise')"
+                )
+            self.secaggplus["size"] = sum(server.groups[0].state[k].numel() for k in self._names)
+            return  # no keys of ours: Flower's mod draws fresh ones on every node each round
         if not self.public_keys:  # else restored from a checkpoint, with the clients' private keys in theirs
             ids = list(server.data.client_ids)
             answers = server.query(self, "public_key", ids)
@@ -124,6 +161,10 @@ class SecureAggregation(FederatedCallback):
 
     @override
     def configure_task(self, server: Federation, task: Task) -> None:
+        if self.scheme == "secaggplus":
+            weight = self._weights[task.client_id]
+            self.put_payload(task, {"weight": weight, secagg.SECAGGPLUS_SETTINGS: dict(self.secaggplus)})
+            return
         self.put_payload(
             task,
             {
@@ -136,6 +177,11 @@ class SecureAggregation(FederatedCallback):
 
     @override
     def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+        if self.scheme == "secaggplus":  # the update is in the transport's masked sum, not in the reply
+            if reply.state or secagg.SECAGGPLUS_UPDATE in (self.get_payload(reply) or {}):
+                raise ValueError(f"SecureAggregation: client {reply.client_id!r}'s update reached the server unmasked")
+            self._uploads[reply.client_id] = torch.empty(0)
+            return
         upload = (self.get_payload(reply) or {}).get("masked")
         if not isinstance(upload, torch.Tensor) or upload.dtype != torch.int64:
             raise ValueError(f"SecureAggregation: client {reply.client_id!r} sent no masked update")
@@ -149,13 +195,20 @@ class SecureAggregation(FederatedCallback):
     @override
     def on_mean(self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
         missing = [c for c in self._selected if c not in self._uploads]
-        if missing:
+        if self.scheme == "secaggplus":
+            # Σ p_i Δ_i over the clients that answered (SecAgg+ recovered the masks of those that dropped)
+            total = server.transport.take_secure_sum(self._round, group.name)  # type: ignore[attr-defined]
+            if total is None:
+                raise RuntimeError(f"SecureAggregation: no SecAgg+ sum for round {self._round + 1}")
+            total = total / sum(self._weights[c] for c in self._uploads)  # renormalised, as FedAvg does
+        elif missing:
             raise RuntimeError(
                 f"SecureAggregation: round {self._round + 1}'s selected client(s) {missing} did not answer; their "
                 "pairwise masks do not cancel, so the masked sum is unusable and the round's aggregate is refused "
                 "(dropout recovery is not implemented): resume from the last checkpoint"
             )
-        total = secagg.unmasked_sum([self._uploads[c] for c in self._selected], self.bits)
+        else:
+            total = secagg.unmasked_sum([self._uploads[c] for c in self._selected], self.bits)
         self._uploads = {}
         size = sum(previous[k].numel() for k in self._names)
         if total.numel() != size:
@@ -171,6 +224,8 @@ class SecureAggregation(FederatedCallback):
 
     @override
     def summary_entries(self, server: Federation) -> dict[str, Any]:
+        if self.scheme == "secaggplus":
+            return {"secure_aggregation": {"scheme": self.scheme, **self.secaggplus}}
         return {"secure_aggregation": {"bits": self.bits, "clients_with_keys": len(self.public_keys)}}
 
     @override
@@ -193,6 +248,12 @@ class SecureAggregation(FederatedCallback):
     @override
     def on_upload(self, ctx: ClientContext, reply: Reply) -> None:
         task = ctx.payload
+        if self.scheme == "secaggplus" and task is not None and ctx.received is not None:
+            names = masked_names(ctx.received, ctx.runtime.private_keys)
+            update = flat_update(reply.state, ctx.received, names) * float(task["weight"])
+            self.put_payload(reply, {secagg.SECAGGPLUS_UPDATE: update})  # the site hands it to Flower's mod
+            reply.state = {}
+            return
         if task is None or "private_key" not in ctx.state or ctx.received is None:
             raise PreconditionError(
                 f"SecureAggregation: client {ctx.client_id!r} has no key pair or task payload (was the server's "

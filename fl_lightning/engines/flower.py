@@ -16,6 +16,12 @@ one ``Array`` per tensor: the protocol's decoder stays the only parser of what a
 and we never call ``Array.numpy()``), nested payloads (tuples, maps, relayed tasks) need no second encoding,
 and the bytes counted in ``rounds.csv`` are exactly what travels inside Flower's records.
 
+**SecAgg+.** Fit tasks of :class:`callbacks.SecureAggregation` with ``scheme="secaggplus"`` run inside Flower's own
+``secaggplus_mod`` (every ClientApp has it; it acts only on the protocol's messages): the transport drives its four
+stages (:mod:`fl_lightning.engines.flower_secagg`), the update leaves a site only as the mod's masked vector, and
+the encoded reply (without it) travels as bytes in the ``ConfigRecord`` ``"fl.reply"`` (the mod empties every
+``ArrayRecord`` of a reply).
+
 **Server.** :func:`run_server` asks every connected node to describe itself (client ids and sample counts,
 the images' shape: no sample, no label), builds the model, Trainer and callbacks from the same YAML with
 :class:`~fl_lightning.engines.flower_data.DescribedClients` in place of the data, and runs the unchanged
@@ -43,6 +49,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fl_lightning import protocol
+from fl_lightning.engines import flower_secagg as secaggplus
 from fl_lightning.engines.flower_site import SiteSettings, site_for
 from fl_lightning.errors import PreconditionError
 from fl_lightning.heap import import_long_lived
@@ -92,8 +99,17 @@ def unpack(content: RecordDict) -> tuple[bytes, dict[str, Any]]:
 
     """
     try:
-        array = content.array_records[MSG]["message"]
         meta = dict(content.config_records.get(META, ConfigRecord()))
+        if MSG not in content.array_records and secaggplus.REPLY_RECORD in content.config_records:
+            # a SecAgg+ fit reply: the mod clears every ArrayRecord, so the bytes travel in a ConfigRecord
+            data = content.config_records[secaggplus.REPLY_RECORD]["message"]
+            if not isinstance(data, bytes) or len(data) > protocol.MAX_BYTES:
+                raise protocol.MessageError(
+                    f"a SecAgg+ reply carries {type(data).__name__}, not at most MAX_BYTES bytes"
+                )
+            _check_meta(meta)
+            return data, meta
+        array = content.array_records[MSG]["message"]
     except (KeyError, AttributeError, TypeError) as err:
         raise protocol.MessageError(f"not an fl_lightning Flower message (missing {err})") from None
     if not isinstance(array, Array) or array.stype != STYPE or array.dtype != "uint8":
@@ -195,6 +211,14 @@ class FlowerTransport(Transport):
         self.run_key: str | None = None
         self.last_round = -1
         self.checkpoint_rounds: list[int] = []
+        self.secure_sums: dict[tuple[int, str], Any] = {}  # (round, group) -> SecAgg+'s unmasked Σ p_i Δ_i
+
+    # Secure-aggregation schemes this transport runs (callbacks.SecureAggregation asks before it relies on one).
+    secure_aggregation = ("secaggplus",)
+
+    def take_secure_sum(self, round_idx: int, group: str) -> Any:
+        """SecAgg+'s unmasked Σ p_i Δ_i (float64 tensor) of a round's fit wave, once; ``None`` if there is none."""
+        return self.secure_sums.pop((round_idx, group), None)
 
     # ------------------------------------------------------------------ nodes
     def node_ids(self) -> list[int]:
@@ -246,28 +270,38 @@ class FlowerTransport(Transport):
     # ------------------------------------------------------------------ messages
     def _exchange(self, items: list[tuple[int, RecordDict, str]]) -> list[_Answer]:
         """Push one message per ``(node, content, message type)`` at once; wait for every reply, in that order."""
+        out: list[_Answer] = []
+        for (node, _content, _type), reply in zip(items, self._send(items)):
+            out.append(self._unpack_reply(node, reply))
+        return out
+
+    def _unpack_reply(self, node: int, reply: Message | str) -> _Answer:
+        if isinstance(reply, str):
+            return b"", {}, reply
+        if reply.has_error():
+            return b"", {}, f"{reply.error.reason} (code {reply.error.code})"
+        try:
+            data, meta = unpack(reply.content)
+        except protocol.MessageError as err:
+            raise protocol.MessageError(f"SuperNode {node}: {err}") from None
+        return data, meta, None
+
+    def _send(self, items: list[tuple[int, RecordDict, str]]) -> list[Message | str]:
+        """Push the messages at once; every reply message (or why none came) in their order, nothing decoded."""
         messages = [Message(content=c, dst_node_id=n, message_type=t, ttl=self.timeout) for n, c, t in items]
         ids = list(self.grid.push_messages(messages))
         at = {mid: i for i, mid in enumerate(ids)}
-        out: dict[int, _Answer] = {}
+        out: dict[int, Message | str] = {}
         deadline = time.monotonic() + self.timeout
         while len(out) < len(ids):
             for reply in self.grid.pull_messages([m for m in ids if at[m] not in out]):
                 i = at.get(reply.metadata.reply_to_message_id)
-                if i is None:
-                    continue
-                if reply.has_error():
-                    out[i] = (b"", {}, f"{reply.error.reason} (code {reply.error.code})")
-                else:
-                    try:
-                        data, meta = unpack(reply.content)
-                    except protocol.MessageError as err:
-                        raise protocol.MessageError(f"SuperNode {items[i][0]}: {err}") from None
-                    out[i] = (data, meta, None)
+                if i is not None:
+                    out[i] = reply
             if len(out) < len(ids):
                 if time.monotonic() > deadline:
                     for i in range(len(ids)):
-                        out.setdefault(i, (b"", {}, f"no reply within {self.timeout:.0f} s"))
+                        out.setdefault(i, f"no reply within {self.timeout:.0f} s")
                     break
                 time.sleep(self.poll)
         return [out[i] for i in range(len(ids))]
@@ -289,6 +323,9 @@ class FlowerTransport(Transport):
             yield from self._wave(wave)
 
     def _wave(self, tasks: list[Task]) -> list[Reply]:
+        settings = {secaggplus.Settings.of_task(t.payloads) for t in tasks if t.kind == protocol.FIT}
+        if settings - {None}:
+            return self._secure_wave(tasks, settings)
         items, nodes = [], []
         for task in tasks:
             node = self._route(task.client_id)
@@ -311,6 +348,59 @@ class FlowerTransport(Transport):
             self.bytes_up += len(answer)
             replies.append(_reply_of(task, node, answer))
         return replies
+
+    def _secure_wave(self, tasks: list[Task], settings: set[secaggplus.Settings | None]) -> list[Reply]:
+        """A round's fit tasks under SecAgg+ (:func:`~fl_lightning.engines.flower_secagg.secure_fit`).
+
+        SecAgg+ masks per SuperNode, so each task must go to a node of its own; the unmasked sum waits in
+        :attr:`secure_sums` for the callback's server half.
+        """
+        if len(settings) != 1 or any(t.kind != protocol.FIT for t in tasks):
+            raise PreconditionError("SecAgg+ runs on a wave of fit tasks that all ask for it with the same settings")
+        (setting,) = settings
+        assert setting is not None
+        by_node: dict[int, Task] = {}
+        for task in tasks:
+            node = self._route(task.client_id)
+            if node in by_node:
+                raise PreconditionError(
+                    f"SecAgg+ masks per SuperNode: clients {by_node[node].client_id!r} and {task.client_id!r} are on "
+                    f"SuperNode {node}; host one client per node"
+                )
+            by_node[node] = task
+        contents = {}
+        for node, task in by_node.items():
+            self.last_round = max(self.last_round, task.round)
+            data = protocol.encode(task)
+            self.bytes_down += len(data)
+            contents[node] = pack(data, op="task", run=self.run_key, round=task.round, keep_from=self._keep_from())
+
+        def send(items: list[tuple[int, RecordDict]]) -> list[Message | str]:
+            return self._send([(node, content, "train") for node, content in items])
+
+        answers, total = secaggplus.secure_fit(send, contents, setting)
+        replies = {}
+        for node, task in by_node.items():
+            answer_ = answers[node]
+            data, meta, error = self._unpack_reply(node, answer_)
+            if PRECONDITION in meta:
+                raise PreconditionError(f"client {task.client_id!r} (SuperNode {node}): {meta[PRECONDITION]}")
+            if error is None and total is None:
+                error = "SecAgg+ could not unmask the round's sum"
+            if error is not None:
+                self.descriptions.pop(node, None)
+                replies[task.client_id] = Reply(
+                    task.client_id, task.group, error=f"its SuperNode {node} failed: {error}"
+                )
+                continue
+            masked = secaggplus.masked_bytes(answer_)
+            self.bytes_up += len(data) + masked
+            replies[task.client_id] = _reply_of(task, node, data)
+        if total is not None:
+            import torch
+
+            self.secure_sums[(tasks[0].round, tasks[0].group)] = torch.from_numpy(total)
+        return [replies[t.client_id] for t in tasks]
 
     def _route(self, client_id: str) -> int:
         if client_id not in self.routes or self.routes[client_id] not in self.descriptions:
@@ -493,6 +583,8 @@ def answer(
         if op == RESTORE:
             site.restore(round_index)
             return Message(pack(b""), reply_to=message)
+        if secaggplus.RECORD_KEY_CONFIGS in message.content.config_records:  # a fit inside Flower's SecAgg+ mod
+            return Message(_secure_reply(site, data, meta.get("keep_from")), reply_to=message)
         out = site.handle(data, meta.get("keep_from"))
     except PreconditionError as err:
         # Not one client's failure: the server stops the run with this message (Flower would only report that
@@ -501,12 +593,30 @@ def answer(
     return Message(pack(out), reply_to=message)
 
 
+def _secure_reply(site: Any, data: bytes, keep_from: int | None) -> RecordDict:
+    """A SecAgg+ fit's reply: p_i Δ_i only as the ``FitRes`` the mod masks; our encoded reply (without it) beside."""
+    task, reply = site.answer_task(data, keep_from)
+    settings = secaggplus.Settings.of_task(task.payloads)
+    if task.kind != protocol.FIT or settings is None or reply.error is not None:
+        raise protocol.MessageError(f"a SecAgg+ stage carried a {task.kind} task that cannot be masked: {reply.error}")
+    update = secaggplus.take_update(reply)
+    if update.size != settings.size:
+        raise ValueError(
+            f"client {task.client_id!r}: an update of {update.size} entries, SecAgg+ expects {settings.size}"
+        )
+    content = secaggplus.fitres_records(update, settings)
+    content.config_records[secaggplus.REPLY_RECORD] = ConfigRecord({"message": protocol.encode(reply)})
+    content.config_records[META] = ConfigRecord({})
+    return content
+
+
 def make_client_app(run_config: dict[str, Any] | None = None, node_defaults: dict[str, Any] | None = None) -> ClientApp:
     """A ClientApp whose every message (train, evaluate, queries) goes to :func:`answer`.
 
     The arguments are :func:`answer`'s; they travel with the app (the Simulation Engine pickles it to its actors).
     """
-    app = ClientApp()
+    # Flower's SecAgg+ mod acts on the protocol's messages only (flower_secagg.client_mod).
+    app = ClientApp(mods=[secaggplus.client_mod])
 
     def _answer(message: Message, context: Context) -> Message:
         return answer(message, context, run_config, node_defaults)

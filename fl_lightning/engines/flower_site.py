@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - not POSIX: one process per node is the
 
 from fl_lightning import protocol
 from fl_lightning.heap import import_long_lived, long_lived
-from fl_lightning.protocol import Task
+from fl_lightning.protocol import Reply, Task
 
 if TYPE_CHECKING:
     from fl_lightning.runtime import ClientRuntime
@@ -315,6 +315,10 @@ class Site:
         Under the node's lock, and from its newest state on disk: in the Simulation Engine another process may
         have answered this node's previous message.
         """
+        return protocol.encode(self.answer_task(data, keep_from)[1])
+
+    def answer_task(self, data: bytes, keep_from: int | None = None) -> tuple[Task, Reply]:
+        """:meth:`handle`, returning the decoded task and the reply before encoding (SecAgg+ takes a part out)."""
         task = protocol.decode(data)
         if not isinstance(task, Task):
             raise protocol.MessageError(f"expected a task, got {type(task).__name__}")
@@ -334,7 +338,7 @@ class Site:
                 raise
             if task.kind != protocol.EVALUATE:
                 self.save(task.round, keep_from)
-        return protocol.encode(reply)
+        return task, reply
 
 
 def read_state(path: Path) -> dict[str, Any]:

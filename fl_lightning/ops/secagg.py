@@ -26,6 +26,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from torch import Tensor
 
+# Payload entries of Flower's SecAgg+ (fl_lightning.engines.flower_secagg): a fit task's settings, a reply's p_i Δ_i.
+SECAGGPLUS_SETTINGS, SECAGGPLUS_UPDATE = "secaggplus", "secaggplus_update"
 DEFAULT_BITS = 32  # 2^-33 ≈ 1.2e-10 per entry and client: far below float32's resolution of a weight
 
 

@@ -176,6 +176,14 @@ def test_methods_that_need_individual_updates_are_refused(tmp_path):
         fed.run()
 
 
+def test_flowers_secaggplus_is_refused_where_no_transport_runs_it(tmp_path):
+    fed = build_federation(tmp_path, [SecureAggregation(scheme="secaggplus")])
+    with pytest.raises(PreconditionError, match="Flower engine's SuperNodes"):
+        fed.run()
+    with pytest.raises(ValueError, match="scheme"):
+        SecureAggregation(scheme="secagg")
+
+
 class FailOn(FederatedCallback):
     """Makes one client's local fit raise in one round (a dropout: the reply carries ``error``)."""
 

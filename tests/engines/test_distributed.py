@@ -34,16 +34,26 @@ RESUME_BASE = [  # FedBN + FedProx, momentum kept: private layers, optimiser sta
 
 # The privacy callbacks on 1 and 2 ranks: DP-SGD's accountants live in the clients' states (sharded with them),
 # DP-FedAvg's noise is drawn on the server; both must give the one-process weights and ε.
-DP_RUNS = {
-    name: ["--config", str(REPO / f"configs/{name}_digits.yaml"), "--trainer.logger=false", "--federation.rounds=2",
-           "--federation.plots=false", "--data.max_samples_per_client=60", "--data.image_size=8", "--model.width=4",
-           "--federation.keep_checkpoints=0", *QUIET]
-    for name in ("dpsgd", "dpfedavg")
+PRIVACY_SMALL = ["--trainer.logger=false", "--federation.rounds=2", "--federation.plots=false",
+                 "--data.max_samples_per_client=60", "--data.image_size=8", "--model.width=4",
+                 "--federation.keep_checkpoints=0", *QUIET]  # fmt: skip
+DP_RUNS = {name: ["--config", str(REPO / f"configs/{name}_digits.yaml"), *PRIVACY_SMALL]
+           for name in ("dpsgd", "dpfedavg")}  # fmt: skip
+# Secure aggregation on 1 and 2 ranks: the X25519 keys (OS randomness, in the sharded clients' states) and so the
+# masks differ from run to run, but the masks cancel exactly modulo 2^64 and round(2^bits · p_i Δ_i) is a function
+# of the update alone, so the unmasked sum, hence the weights, must not depend on the keys or the number of ranks.
+SECAGG_RUNS = {
+    "fedavg_secagg": ["--config", str(REPO / "configs/fedavg_secagg_digits.yaml"), *PRIVACY_SMALL],
+    "dpfedavg_secagg": [  # each client noises its clipped update (noise: distributed), then masks it
+        "--config", str(REPO / "configs/dpfedavg_digits.yaml"), "--trainer.callbacks.noise=distributed",
+        "--trainer.callbacks+=callbacks.SecureAggregation", *PRIVACY_SMALL,
+    ],
 }  # fmt: skip
+PRIVACY_RUNS = {**DP_RUNS, **SECAGG_RUNS}
 
 
 def dp_args(out: Path, name: str, run_name: str, *extra: str) -> list[str]:
-    return [*DP_RUNS[name], f"--federation.output_dir={out}", f"--federation.run_name={run_name}", *extra]
+    return [*PRIVACY_RUNS[name], f"--federation.output_dir={out}", f"--federation.run_name={run_name}", *extra]
 
 
 def resume_args(out: Path, name: str, *extra: str) -> list[str]:
@@ -72,11 +82,11 @@ def runs(tmp_path_factory):
         main(run_args(name, one, QUIET))
     main(resume_args(root, "uninterrupted"))
     main(resume_args(root, "one-two", "--federation.rounds=1"))  # 1 → 2: the first round in one process
-    for name in DP_RUNS:
+    for name in PRIVACY_RUNS:
         main(dp_args(one, name, name))
     main(dp_args(root, "dpsgd", "dpsgd-one-two", "--federation.rounds=1"))
     jobs = [run_args(name, two, QUIET) for name in RUNS]
-    jobs += [dp_args(two, name, name) for name in DP_RUNS]
+    jobs += [dp_args(two, name, name) for name in PRIVACY_RUNS]
     jobs.append(dp_args(root, "dpsgd", "dpsgd-one-two", "--federation.resume=last"))
     jobs.append(resume_args(root, "two-one", "--federation.rounds=1"))  # 2 → 1: the first round on two ranks
     jobs.append(resume_args(root, "one-two", "--federation.resume=last"))
@@ -105,7 +115,7 @@ def comm_columns(run: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k.startswith("comm/")} for row in csv.DictReader(f)]
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", [*RUNS, *PRIVACY_RUNS])
 def test_two_ranks_report_the_one_process_traffic_byte_for_byte(runs, name):
     # The counts are the tasks' and replies' encoded sizes: no rank envelope, timing or control message in them.
     one, two = comm_columns(runs / "one" / name), comm_columns(runs / "two" / name)
@@ -122,7 +132,8 @@ def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):
     run = runs / "two" / "fedavg_digits"
     header = (run / "rounds.csv").read_text().splitlines()[0].split(",")
     assert {"throughput/rank0/samples_per_s", "throughput/rank1/samples_per_s"} <= set(header)
-    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted([*RUNS, *DP_RUNS])  # none per rank
+    # none per rank
+    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted([*RUNS, *PRIVACY_RUNS])
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2
 
 
@@ -184,7 +195,7 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_pa
     assert summary["rounds"] == 8
 
 
-@pytest.mark.parametrize("name", list(DP_RUNS))
+@pytest.mark.parametrize("name", ["dpsgd", "dpfedavg", "dpfedavg_secagg"])
 def test_the_privacy_callbacks_give_the_one_process_weights_and_epsilon_on_two_ranks(runs, name):
     one, two = runs / "one" / name, runs / "two" / name
     assert describe(two)["sha256"] == describe(one)["sha256"]
@@ -198,3 +209,13 @@ def test_dp_sgd_resumed_on_two_ranks_reports_the_uninterrupted_epsilon_and_weigh
     assert describe(resumed)["sha256"] == describe(uninterrupted)["sha256"]
     summaries = [json.loads((run / "summary.json").read_text()) for run in (resumed, uninterrupted)]
     assert summaries[0]["privacy"] == summaries[1]["privacy"]
+
+
+@pytest.mark.parametrize("name", list(SECAGG_RUNS))
+def test_secure_aggregation_on_two_ranks_gives_the_one_process_weights_bit_for_bit(runs, name):
+    # Different keys, hence different masks, in every run: equal weights show the masks cancelled exactly.
+    one, two = runs / "one" / name, runs / "two" / name
+    assert describe(two)["sha256"] == describe(one)["sha256"]
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (one, two)]
+    assert summaries[0]["secure_aggregation"] == summaries[1]["secure_aggregation"]
+    assert {"bits": 32, "clients_with_keys": 5}.items() <= summaries[0]["secure_aggregation"].items()
