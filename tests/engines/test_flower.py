@@ -149,6 +149,9 @@ def test_fedavg_over_a_loopback_deployment_equals_inprocess(deployment: Deployme
         "configs/fedshift_digits_dirichlet.yaml",  # secure sum of class counts through query messages
         "configs/harmofl_digits.yaml",
         "configs/feder_digits.yaml",  # peer-to-peer: buffers and models relayed by the ServerApp
+        "configs/dpsgd_digits.yaml",  # each site's accountant stays in its state directory
+        "configs/dpfedavg_digits.yaml",  # clipped on the sites, noised on the server
+        "configs/fedavg_secagg_digits.yaml",  # pairwise masks: keys through the query messages
     ],
 )
 def test_method_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path, config: str):
