@@ -334,7 +334,13 @@ class Federation:
             self.run_dir.rewrite_rounds()
             self.tracker.log_round(r + 1, added)
         line = records.round_line(
-            r + 1, cfg.rounds, trained, evaluation, round_row["time/round"], self.module.primary_metric
+            r + 1,
+            cfg.rounds,
+            trained,
+            evaluation,
+            round_row["time/round"],
+            self.module.primary_metric,
+            epsilon=records.round_epsilon(round_row),
         )
         self.reporter.round_end(line)
         return evaluation

@@ -146,6 +146,7 @@ def round_line(
     evaluation: dict[str, Any],
     seconds: float,
     metric: str = "acc",
+    epsilon: float | None = None,
 ) -> str:
     """The one plain line printed after each round; a single-model classification line fits 80 columns.
 
@@ -153,8 +154,9 @@ def round_line(
     per evaluated model the client mean and worst client of ``metric`` (the personal model only where it
     differs from the global one, prefixed by its name when more than one model is shown); for classification
     the balanced accuracy and AUROC of the pooled test set (or the first shown model's client mean where there
-    is no pooled evaluation); the round's seconds. Standard deviations are in ``rounds.csv`` and the final
-    table: with them the line would not fit 80 columns, the width a log file is read at.
+    is no pooled evaluation); ``ε`` spent so far under differential privacy (``epsilon``: the worst client's
+    under DP-SGD); the round's seconds. Standard deviations are in ``rounds.csv`` and the final table: with them
+    the line would not fit 80 columns, the width a log file is read at.
     """
     losses = [m["train_loss"] for m in trained.values()]
     parts = [f"round {round_idx}/{rounds}", f"loss {_compact(sum(losses) / max(len(losses), 1))}"]
@@ -170,9 +172,17 @@ def round_line(
     if not source and shown:
         source = {k: v["mean"] for k, v in summary[shown[0]].items()}
     parts += [f"{short} {source[key]:.3f}" for key, short in CLASS_BALANCE_METRICS if key in (source or {})]
+    if epsilon is not None:
+        parts.append(f"ε {_compact(epsilon)}")
     seconds_text = f"{seconds:.1f}"
     parts.append(f"{seconds_text if len(seconds_text) <= 4 else f'{seconds:.0f}'}s")  # "12.3s", "123s"
     return "  ".join(parts)
+
+
+def round_epsilon(round_row: dict[str, Any]) -> float | None:
+    """The ε a privacy callback recorded in the round's row (DP-FedAvg's, or DP-SGD's worst client), or None."""
+    value = round_row.get("privacy/epsilon", round_row.get("privacy/epsilon_worst"))
+    return None if value is None else float(value)
 
 
 def _compact(value: float) -> str:

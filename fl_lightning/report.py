@@ -107,12 +107,33 @@ class RoundReporter:
                 self.console.print(table)
             finally:
                 self.console.width = width
+            privacy = privacy_line(summary)
+            if privacy:
+                self._print(privacy)
             self._print(Text.assemble(("run directory:", "bold"), f" {run_dir}"))
 
     def _print(self, line: str | Text) -> None:
         # soft_wrap: Rich would otherwise break lines at the console width, 80 columns when stdout is a file;
         # markup/highlight off: a client id or path with brackets must print as it is.
         self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def privacy_line(summary: dict[str, Any]) -> str | None:
+    """``privacy: ε = 7.98 at δ = 0.002 (<mechanism>)`` under the final table, or None without a privacy entry.
+
+    DP-SGD reports each client's (ε, δ): the line gives the worst client's ε and the largest δ.
+    """
+    privacy = summary.get("privacy")
+    if not isinstance(privacy, dict) or ("epsilon" not in privacy and "epsilon_worst" not in privacy):
+        return None
+    epsilon = privacy.get("epsilon_worst", privacy.get("epsilon"))
+    delta = privacy.get("delta")
+    if isinstance(delta, dict):
+        delta = max(delta.values(), default=None)
+    eps_text = "∞" if epsilon is None or epsilon == float("inf") else f"{epsilon:.3g}"
+    worst = " (worst client)" if "epsilon_worst" in privacy else ""
+    delta_text = f" at δ = {delta:.3g}" if isinstance(delta, (int, float)) else ""
+    return f"privacy: ε = {eps_text}{worst}{delta_text} — {privacy.get('mechanism', 'differential privacy')}"
 
 
 def natural_width(console: Console, table: Table) -> int:

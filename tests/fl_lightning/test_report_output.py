@@ -10,7 +10,7 @@ from rich.console import Console
 
 from fl_lightning.config import FederationConfig
 from fl_lightning.records import round_line
-from fl_lightning.report import RoundReporter, evaluation_table
+from fl_lightning.report import RoundReporter, evaluation_table, privacy_line
 from tests.conftest import build_federation
 
 
@@ -228,3 +228,35 @@ def test_the_final_table_lists_only_the_worst_clients_beyond_fifty():
     assert "… 950 more" in text and text.count("\n") < 80
     few = {"clients": dict(list(clients.items())[:3]), "summary": summary["summary"]}
     assert table_clients(few, "global", "acc") == ["c0000", "c0001", "c0002"]  # all of them, in their order
+
+
+def test_the_round_line_and_the_final_table_show_epsilon_under_differential_privacy(tmp_path):
+    """Issue 25: ε on the round line and under the final table (DP-FedAvg's, or DP-SGD's worst client)."""
+    from callbacks import DPFedAvg
+
+    fed = build_federation(
+        tmp_path, callbacks=[DPFedAvg(noise_multiplier=1.0, clip_norm=1.0)], rounds=2, progress=False, quiet=False,
+        aggregation="uniform", model_kwargs={"norm": "group"},
+    )  # fmt: skip
+    console, out = log_file_console()
+    fed.reporter = RoundReporter.from_config(fed.config, console=console)
+    summary = fed.run()
+    lines = out.getvalue().splitlines()
+    round_lines = [line for line in lines if line.startswith("round ")]
+    rows = (fed.run_dir.path / "rounds.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    eps = [float(r.split(",")[header.index("privacy/epsilon")]) for r in rows[1:]]
+    assert [f"ε {e:.3g}" in line for line, e in zip(round_lines, eps)] == [True, True]
+    final = next(line for line in lines if line.startswith("privacy: "))
+    assert f"ε = {summary['privacy']['epsilon']:.3g} at δ = {summary['privacy']['delta']:.3g}" in final
+
+
+def test_the_privacy_line_takes_the_worst_client_and_the_largest_delta():
+    summary = {"privacy": {"epsilon_worst": 3.2, "delta": {"a": 1e-3, "b": 2e-3}, "mechanism": "DP-SGD"}}
+    assert privacy_line(summary) == "privacy: ε = 3.2 (worst client) at δ = 0.002 — DP-SGD"
+    assert privacy_line({"privacy": {"epsilon": math.inf, "delta": 0.01, "mechanism": "m"}}).startswith(
+        "privacy: ε = ∞"
+    )
+    assert privacy_line({"summary": {}}) is None
+    assert "ε" not in round_line(1, 2, {"a": {"train_loss": 1.0}}, {}, 0.1)
+    assert round_line(1, 2, {"a": {"train_loss": 1.0}}, {}, 0.1, epsilon=7.98).endswith("ε 7.98  0.1s")
