@@ -140,7 +140,8 @@ class DPSGD(FederatedCallback):
         # client half: the running fit
         self._ctx: ClientContext | None = None
         self._fit: dict[str, Any] | None = None
-        self._attached: tuple[GradSampleHooks, torch.optim.Optimizer, Any, list[torch.nn.Module]] | None = None
+        self._attached: tuple[GradSampleHooks | None, torch.optim.Optimizer, Any, list[torch.nn.Module]] | None = None
+        self._plain_steps = 0  # optimiser steps of a fit without noise and clipping (no Opacus attached)
 
     # ------------------------------------------------------------------ both sides
     @override
@@ -308,6 +309,12 @@ class DPSGD(FederatedCallback):
 
         fit, ctx = self._fit, self._ctx
         (optimizer,) = trainer.strategy.optimizers
+        if fit["sigma"] == 0 and math.isinf(self.max_grad_norm):
+            # No noise and no clipping is plain SGD (ε = ∞): let autograd's batch gradient stand instead of Opacus'
+            # sum of per-example gradients (the same sum in another order), so the run is FedAvg's bit for bit.
+            self._attached = (None, optimizer, None, [])
+            self._plain_steps = 0
+            return
         # Opacus' full backward hooks forbid in-place ops on a hooked layer's output (ReLU(inplace=True) after a
         # conv): switch them off for the fit (same values, one more buffer) and back on in _detach.
         inplace = [m for m in pl_module.modules() if getattr(m, "inplace", False) is True]
@@ -335,6 +342,10 @@ class DPSGD(FederatedCallback):
             return
         hooks, optimizer, accountant, inplace = self._attached
         self._attached = None
+        if hooks is None:  # the plain-SGD fit (σ = 0, C = ∞): its steps are still history (ε = ∞ from the first)
+            history = add_steps(self._ctx.state.get("history", []), 0.0, self._fit["q"], self._plain_steps)
+            self._ctx.state["history"] = [[float(s), float(q), int(n)] for s, q, n in history]
+            return
         # Every noised step counts, even if the fit then fails: privacy was spent.
         self._ctx.state["history"] = [[float(s), float(q), int(n)] for s, q, n in accountant.history]
         hooks.cleanup()
@@ -344,6 +355,11 @@ class DPSGD(FederatedCallback):
         for m in inplace:
             m.inplace = True
         trainer.strategy.optimizers = [optimizer]
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._attached is not None and self._attached[0] is None:
+            self._plain_steps += 1  # one optimiser step per batch (gradient accumulation is refused)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,5 +1,6 @@
 """DP-SGD (callbacks.DPSGD) against a plain-PyTorch per-example reference, Opacus' accountant, and its contract."""
 
+import json
 import math
 import shutil
 
@@ -92,20 +93,37 @@ def test_target_epsilon_calibrates_sigma_for_the_planned_rounds(tmp_path):
     assert all(2.9 <= e <= 3.0 for e in summary["privacy"]["epsilon"].values()), summary["privacy"]
 
 
-def test_no_noise_and_no_clipping_equals_the_run_without_the_callback(tmp_path):
-    """σ = 0, C = ∞, fixed batches: FedAvg's weights to 1e-6, not bit for bit.
-
-    Opacus sums per-example gradients (an einsum over the batch) and divides by B; autograd reduces the batch
-    inside each layer's backward (a matmul over the batch dimension): the same sum in another order.
-    """
+def test_no_noise_and_no_clipping_equals_the_run_without_the_callback_bit_for_bit(tmp_path):
+    """σ = 0, C = ∞, fixed batches: plain SGD (ε = ∞), so FedAvg's weights bit for bit and the steps still counted."""
     plain = federation(tmp_path / "plain", [], rounds=2)
     plain.run()
     cb = DPSGD(noise_multiplier=0.0, max_grad_norm=math.inf, poisson=False)
     dp = federation(tmp_path / "dp", [cb], rounds=2)
     dp.run()
     for k, v in plain.groups[0].state.items():
-        torch.testing.assert_close(dp.groups[0].state[k], v, atol=1e-6, rtol=0, msg=k)
+        assert torch.equal(dp.groups[0].state[k], v), k
     assert dp.run_dir.round_rows[-1]["privacy/epsilon_worst"] == math.inf
+    taken: dict[str, int] = {}
+    for row in dp.run_dir.client_rows:
+        if row.get("train_steps"):
+            taken[row["client"]] = taken.get(row["client"], 0) + int(row["train_steps"])
+    summary = json.loads((dp.run_dir.path / "summary.json").read_text())
+    assert summary["privacy"]["steps"] == taken and sum(taken.values()) > 0
+
+
+def test_opacus_without_noise_and_with_a_bound_no_gradient_reaches_equals_the_run_without_it(tmp_path):
+    """σ = 0 and C = 1e30 through Opacus: FedAvg's weights to 1e-6, not bit for bit.
+
+    Opacus sums per-example gradients (an einsum over the batch) and divides by B; autograd reduces the batch
+    inside each layer's backward (a matmul over the batch dimension): the same sum in another order.
+    """
+    plain = federation(tmp_path / "plain", [], rounds=2)
+    plain.run()
+    dp = federation(tmp_path / "dp", [DPSGD(noise_multiplier=0.0, max_grad_norm=1e30, poisson=False)], rounds=2)
+    dp.run()
+    for k, v in plain.groups[0].state.items():
+        torch.testing.assert_close(dp.groups[0].state[k], v, atol=1e-6, rtol=0, msg=k)
+    assert not all(torch.equal(dp.groups[0].state[k], v) for k, v in plain.groups[0].state.items())
 
 
 def test_nothing_of_opacus_stays_on_the_module_or_trainer_after_a_fit(tmp_path):
