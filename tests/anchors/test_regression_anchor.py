@@ -3,8 +3,9 @@
 The anchor was stored on another machine, whose CPU kernels (AVX-512, AVX2, ARM, the generic ones) round in other
 orders; a few SGD steps carry those last-bit differences into the weights. Measured on one machine under
 ``ATEN_CPU_CAPABILITY`` default, avx2 and avx512 against the anchor: six runs' per-tensor norms and sums within
-2.6e-7 of the norm; scfl_digits_seg within 1.2e-3 of max(1, norm) (its sample clustering, two Gaussian components per class fit by
-EM, turns the last bits into a slightly different split; with one component per class it stays within 1.6e-4).
+2.6e-7 of the norm; scfl_digits_seg within 1.2e-3 of max(1, norm) (its sample clustering, two Gaussian
+components per class fit by EM, turns the last bits into a slightly different split; with one component per class
+it stays within 1.6e-4).
 The summary's metrics that count samples or pixels (acc, dice, miou on 4 test images) then move by a pixel or
 two: up to 0.01 absolute, auroc by 9e-4. The tolerances below stay well above what the kernels changed.
 """
