@@ -177,11 +177,12 @@ class Federation:
         status = "failed"
         try:
             for r in range(self.round, cfg.rounds):
-                evaluation = self.run_round(r)
-                if self.stopped is not None:  # a callback ended the run before round r: rounds 1..r stand
+                try:
+                    self.last_evaluation = self.run_round(r)
+                except StopFederation as stop:  # raised in on_round_start, before any task of round r: 1..r stand
+                    self.stopped = f"stopped before round {r + 1}: {stop}"
                     self._finish_stopped()
                     break
-                self.last_evaluation = evaluation
                 self.round = r + 1
                 if cfg.checkpoint_every and (self.round % cfg.checkpoint_every == 0 or self.round == cfg.rounds):
                     self.save_checkpoint()
@@ -243,12 +244,8 @@ class Federation:
         t_round = time.perf_counter()
         # --- select
         selected = self.select(r)
-        try:
-            for cb in self.callbacks:
-                cb.on_round_start(self, r, selected)
-        except StopFederation as stop:  # nothing of round r was sent yet: end the run here, normally
-            self.stopped = f"stopped before round {r + 1}: {stop}"
-            return {}
+        for cb in self.callbacks:
+            cb.on_round_start(self, r, selected)  # may raise StopFederation (caught in run)
         self.reporter.round_start(sum(len([c for c in selected if c in g.members]) for g in self.groups))
         # --- local training and streaming aggregation, per group; replies in the order of the selection
         trained: dict[str, dict[str, Any]] = {}
