@@ -20,8 +20,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadat
 
 from fl_lightning import protocol  # noqa: E402
 from fl_lightning.engines import flower  # noqa: E402
-from fl_lightning.engines.flower import MSG, STYPE, FlowerTransport, pack, parse_description, unpack  # noqa: E402
+from fl_lightning.engines.flower import FlowerTransport  # noqa: E402
 from fl_lightning.engines.flower_site import Site, SiteSettings, read_state  # noqa: E402
+from fl_lightning.engines.flower_wire import MSG, STYPE, pack, parse_description, unpack  # noqa: E402
 from fl_lightning.protocol import MessageError, Reply, Task  # noqa: E402
 from fl_lightning.runtime import ClientRuntime  # noqa: E402
 
