@@ -8,7 +8,8 @@ site's node config says which client(s) it hosts and where its data are (``fl-cl
 clients by ``partition-id``. :func:`make_server_app` and :func:`make_client_app` build the same apps with a
 run config of their own, for ``flwr.simulation.run_simulation`` (:mod:`fl_lightning.engines.flower_sim`).
 
-**Wire format** (:mod:`fl_lightning.engines.flower_wire`). Every task and reply is our protocol's encoding (a JSON header plus raw tensor bytes,
+**Wire format** (:mod:`fl_lightning.engines.flower_wire`). Every task and reply is our protocol's encoding (a
+JSON header plus raw tensor bytes,
 :mod:`fl_lightning.protocol`) carried whole as one ``uint8`` :class:`flwr.app.Array` (``stype`` =
 ``fl_lightning.message``) in the ``ArrayRecord`` ``"fl.msg"``; a ``ConfigRecord`` ``"fl.meta"`` carries the
 routing facts (the server's run name, the round, the oldest round a resume may need). One blob rather than
