@@ -187,9 +187,9 @@ class DPFedAvg(FederatedCallback):
     @override
     def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
         if self.max_epsilon is not None:
-            now = epsilon(self.history, self.delta)
             after = epsilon(add_round(self.history, self.sigma, self.q), self.delta)
             if after > self.max_epsilon:
+                now = epsilon(self.history, self.delta)
                 raise StopFederation(
                     f"DPFedAvg's privacy budget: round {round_idx + 1} would raise ε from {now:.4g} to {after:.4g} "
                     f"(δ={self.delta:.3g}), past max_epsilon={self.max_epsilon}"

@@ -20,10 +20,9 @@ import math
 from collections.abc import Mapping, Sequence
 
 import torch
-
-# Opacus' RDP accountant, not dp-accounting: DP-SGD (callbacks/dp_sgd.py) depends on Opacus already, so both
-# guarantees come from one accountant (same RDP orders, same conversion to (ε, δ)) and one dependency.
 from torch import Tensor
+
+from fl_lightning.ops import dp_sgd
 
 History = list[tuple[float, float, int]]  # Opacus' accountant history: (noise multiplier, sample rate, steps)
 
@@ -134,39 +133,20 @@ def geometric_clip_update(clip_norm: float, fraction: float, target_quantile: fl
 
 
 def epsilon(history: History, delta: float) -> float:
-    """ε at ``delta`` of the composed sampled Gaussian mechanisms in ``history`` (∞ with a σ = 0 round)."""
-    if not history:
-        return 0.0
-    if any(sigma == 0 for sigma, _, _ in history):
-        return math.inf
-    from opacus.accountants import RDPAccountant  # here: a run without DP never imports Opacus
+    """ε at ``delta`` of the composed sampled Gaussian mechanisms in ``history`` (∞ with a σ = 0 round).
 
-    accountant = RDPAccountant()
-    accountant.history = [tuple(h) for h in history]
-    return float(accountant.get_epsilon(delta))
+    Opacus' RDP accountant, not dp-accounting: DP-SGD depends on Opacus already, so both guarantees come from one
+    accountant (same RDP orders, same conversion to (ε, δ)) and one dependency.
+    """
+    return dp_sgd.epsilon(history, delta, "rdp")
 
 
 def add_round(history: History, noise_multiplier: float, sample_rate: float) -> History:
     """``history`` plus one round, merging it into the last entry when (σ, q) repeat (as Opacus' ``step``)."""
-    out = [tuple(h) for h in history]
-    if out and out[-1][0] == noise_multiplier and out[-1][1] == sample_rate:
-        out[-1] = (noise_multiplier, sample_rate, out[-1][2] + 1)
-    else:
-        out.append((noise_multiplier, sample_rate, 1))
-    return out
+    return dp_sgd.add_steps(history, noise_multiplier, sample_rate, 1)
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, rounds: int) -> float:
     """The σ whose ε after ``rounds`` rounds at rate q lies in [0.995 ε_target, ε_target] (Opacus' bisection)."""
-    from opacus.accountants.utils import get_noise_multiplier
-
-    return float(
-        get_noise_multiplier(
-            target_epsilon=target_epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=rounds,
-            accountant="rdp",
-            epsilon_tolerance=0.005 * target_epsilon,  # absolute in Opacus: 0.5 % of the target
-        )
-    )
+    # Opacus' tolerance is absolute: 0.5 % of the target
+    return dp_sgd.calibrate_noise(target_epsilon, delta, sample_rate, rounds, "rdp", 0.005 * target_epsilon)

@@ -68,10 +68,18 @@ def epsilon(history: Sequence[Sequence[float]], delta: float, accountant: str = 
 
 
 @lru_cache(maxsize=256)  # a bisection over σ (~1 s); clients of equal size share it
-def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
-    """The smallest σ (to Opacus' tolerance) that keeps ``steps`` steps at rate ``sample_rate`` within ε at δ."""
+def calibrate_noise(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str,
+    epsilon_tolerance: float | None = None,
+) -> float:
+    """The smallest σ (to ``epsilon_tolerance``, else Opacus' default) keeping ``steps`` steps at rate q within ε."""
     from opacus.accountants.utils import get_noise_multiplier
 
+    tolerance = {} if epsilon_tolerance is None else {"epsilon_tolerance": epsilon_tolerance}
     return float(
         get_noise_multiplier(
             target_epsilon=target_epsilon,
@@ -79,6 +87,7 @@ def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, ste
             sample_rate=sample_rate,
             steps=steps,
             accountant=accountant,
+            **tolerance,
         )
     )
 
