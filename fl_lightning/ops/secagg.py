@@ -19,12 +19,9 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from torch import Tensor
+
+# `cryptography` is imported where it is used: every process importing ``callbacks`` would pay for it otherwise.
 
 # Payload entries of Flower's SecAgg+ (fl_lightning.engines.flower_secagg): a fit task's settings, a reply's p_i Δ_i.
 SECAGGPLUS_SETTINGS, SECAGGPLUS_UPDATE = "secaggplus", "secaggplus_update"
@@ -33,11 +30,17 @@ DEFAULT_BITS = 32  # 2^-33 ≈ 1.2e-10 per entry and client: far below float32's
 
 def generate_private_key() -> bytes:
     """A fresh X25519 private key (raw 32 bytes) from the OS's randomness (``os.urandom``), not any seed."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
     return X25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
 
 def public_key(private: bytes) -> bytes:
     """The raw 32-byte X25519 public key of a raw private key."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
@@ -49,12 +52,18 @@ def pair_info(session: str, round_idx: int, group: str, a: str, b: str) -> bytes
 
 def pair_key(private: bytes, peer_public: bytes, info: bytes) -> bytes:
     """The 32-byte mask key two clients share: HKDF-SHA256 of their X25519 shared secret."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
 
 def prg(key: bytes, size: int) -> np.ndarray:
     """``size`` pseudo-random uint64 words: the AES-256-CTR keystream of ``key`` (a key is used for one mask only)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
     stream = encryptor.update(bytes(8 * size)) + encryptor.finalize()
     return np.frombuffer(stream, dtype="<u8").astype(np.uint64)  # little-endian on every host
