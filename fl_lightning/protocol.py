@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 MAGIC = b"FLM1"
-_PREFIX = len(MAGIC) + 8  # magic, then the header's length as a little-endian uint64
+PREFIX = len(MAGIC) + 8  # magic, then the header's length as a little-endian uint64
 _TAG = "__fl__"  # key of tagged JSON objects (tensors, tuples, dicts with non-string keys, non-finite floats)
 
 # Limits of what decode() accepts (its keyword arguments override them). A message's bytes are in memory already
@@ -185,14 +185,14 @@ def encode(obj: Any) -> bytes:
     parts = [MAGIC, struct.pack("<Q", len(header)), header]
     for t in buffers:
         if t.numel():
-            parts.append(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            parts.append(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # join copies it once
     return b"".join(parts)
 
 
 def encoded_size(obj: Any) -> int:
     """``len(encode(obj))`` without copying any tensor data (the in-process transport's communication count)."""
     header, buffers = _header(_plain(obj))
-    return len(MAGIC) + 8 + len(header) + sum(t.numel() * t.element_size() for t in buffers)
+    return PREFIX + len(header) + sum(t.numel() * t.element_size() for t in buffers)
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
@@ -226,15 +226,15 @@ def decode(
     view = _byte_view(data)
     if len(view) > max_bytes:
         raise MessageError(f"message of {len(view)} bytes exceeds the limit of {max_bytes} bytes")
-    if len(view) < _PREFIX or view[: len(MAGIC)] != MAGIC:
+    if len(view) < PREFIX or view[: len(MAGIC)] != MAGIC:
         raise MessageError("not an fl_lightning message (bad magic or too short)")
-    (n,) = struct.unpack("<Q", view[len(MAGIC) : _PREFIX])
-    if n > len(view) - _PREFIX:
-        raise MessageError(f"header length {n} runs past the message ({len(view) - _PREFIX} bytes after the prefix)")
+    (n,) = struct.unpack("<Q", view[len(MAGIC) : PREFIX])
+    if n > len(view) - PREFIX:
+        raise MessageError(f"header length {n} runs past the message ({len(view) - PREFIX} bytes after the prefix)")
     if n > max_header_bytes:
         raise MessageError(f"header of {n} bytes exceeds the limit of {max_header_bytes} bytes")
-    tree, sizes = _parse_header(bytes(view[_PREFIX : _PREFIX + n]))
-    offsets = list(itertools.accumulate(sizes, initial=_PREFIX + n))
+    tree, sizes = _parse_header(bytes(view[PREFIX : PREFIX + n]))
+    offsets = list(itertools.accumulate(sizes, initial=PREFIX + n))
     if offsets[-1] != len(view):
         raise MessageError(f"message length {len(view)} does not match its header ({offsets[-1]})")
     decoder = _Decoder(view, sizes, offsets, max_depth)
@@ -248,6 +248,18 @@ def decode(
     if unused:
         raise MessageError(f"buffers {unused[:10]} are referenced by no tensor")
     return out
+
+
+def decode_task(data: bytes | bytearray | memoryview) -> Task:
+    """:func:`decode` of what must be a :class:`Task` (a client's side of the wire).
+
+    Raises:
+        MessageError: If ``data`` is not a well-formed message, or holds something else than a task.
+    """
+    task = decode(data)
+    if not isinstance(task, Task):
+        raise MessageError(f"expected a task, got {type(task).__name__}")
+    return task
 
 
 def _byte_view(data: Any) -> memoryview:

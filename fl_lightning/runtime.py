@@ -164,9 +164,7 @@ class ClientRuntime:
 
     def handle_bytes(self, data: bytes) -> bytes:
         """Answer an encoded task with an encoded reply (what a remote transport calls)."""
-        task = protocol.decode(data)
-        if not isinstance(task, Task):
-            raise protocol.MessageError(f"expected a task, got {type(task).__name__}")
+        task = protocol.decode_task(data)
         return protocol.encode(self.handle(task))
 
     def context(self, cb: FederatedCallback, task: Task) -> ClientContext:

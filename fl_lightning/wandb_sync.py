@@ -302,9 +302,9 @@ def plan(parts: Sequence[Part]) -> list[Upload]:
             )
     uploads = []
     for i, part in enumerate(parts):
-        later = [r for p in parts[i + 1 :] for r in p.rounds]
         # A later part starts after its checkpoint's round: this part's rows from that round on were run again.
-        repeated = sorted({r for r in part.rounds if later and r >= min(later)})
+        first_rerun = min((r for p in parts[i + 1 :] for r in p.rounds), default=None)
+        repeated = sorted({r for r in part.rounds if first_rerun is not None and r >= first_rerun})
         if is_synced(part.file):  # uploaded as it is: too late to leave rows out
             uploads.append(Upload(part, part.dir, repeated, synced=True))
         else:

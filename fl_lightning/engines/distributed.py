@@ -36,7 +36,6 @@ ELASTIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 # Per-client entries of a runtime's checkpoint state (everything else is shared by the ranks).
 PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data", "generations")
 _OPS = ("tasks", "prepare", "start", "state", "load", "stop")  # what rank 0 asks the other ranks
-_MIN_MESSAGE = len(protocol.MAGIC) + 8  # an encoded message is never shorter than its magic and length prefix
 
 
 class RankError(RuntimeError):
@@ -89,7 +88,7 @@ def _send(obj: Any, dst: int) -> dist.Work:
     """Send an encoded object to ``dst`` (non-blocking; keep the returned work until it is done)."""
     data = torch.frombuffer(bytearray(protocol.encode(obj)), dtype=torch.uint8)
     dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst)
-    return dist.isend(data, dst), data.numel()
+    return dist.isend(data, dst)
 
 
 def _recv(src: int) -> tuple[Any, int]:
@@ -119,9 +118,9 @@ def _message_size(size: int, src: int) -> int:
             :data:`protocol.MAX_BYTES`).
 
     """
-    if not _MIN_MESSAGE <= size <= protocol.MAX_BYTES:
+    if not protocol.PREFIX <= size <= protocol.MAX_BYTES:
         raise protocol.MessageError(
-            f"rank {src} announced a message of {size} bytes (a message has {_MIN_MESSAGE} .. {protocol.MAX_BYTES})"
+            f"rank {src} announced a message of {size} bytes (a message has {protocol.PREFIX} .. {protocol.MAX_BYTES})"
         )
     return size
 
@@ -183,7 +182,7 @@ class DistributedTransport(Transport):
     def _post(self, rank: int, message: Any) -> dist.Work:
         # Not counted here: comm/bytes_* are the tasks' and replies' own sizes (see stream), not this envelope's.
         try:
-            work, _ = _send(message, rank)
+            work = _send(message, rank)
         except RuntimeError as err:
             raise RankError(f"rank {rank} is unreachable (it died?): {err}") from err
         return work
@@ -296,11 +295,11 @@ def serve(runtime: ClientRuntime) -> None:
             message, _ = _recv(0)
             op = _request_op(message)
         except protocol.MessageError:  # reported to rank 0; what follows on the wire can no longer be trusted
-            _send({"error": traceback.format_exc()}, 0)[0].wait()
+            _send({"error": traceback.format_exc()}, 0).wait()
             return
         try:
             if op == "stop":
-                _send({"ok": True}, 0)[0].wait()
+                _send({"ok": True}, 0).wait()
                 return
             if op == "tasks":
                 t0 = time.perf_counter()
@@ -321,7 +320,7 @@ def serve(runtime: ClientRuntime) -> None:
                 raise ValueError(f"unknown message {op!r}")
         except Exception:  # noqa: BLE001 - reported to rank 0, which stops the run with it
             answer = {"error": traceback.format_exc()}
-        _send(answer, 0)[0].wait()
+        _send(answer, 0).wait()
         if "error" in answer:
             return
 

@@ -319,9 +319,7 @@ class Site:
 
     def answer_task(self, data: bytes, keep_from: int | None = None) -> tuple[Task, Reply]:
         """:meth:`handle`, returning the decoded task and the reply before encoding (SecAgg+ takes a part out)."""
-        task = protocol.decode(data)
-        if not isinstance(task, Task):
-            raise protocol.MessageError(f"expected a task, got {type(task).__name__}")
+        task = protocol.decode_task(data)
         if task.round < 0:  # it names the state file written after it
             raise protocol.MessageError(f"task of round {task.round} (rounds count from 0)")
         if keep_from is not None and type(keep_from) is not int:
