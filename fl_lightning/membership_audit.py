@@ -47,7 +47,7 @@ from torch import Tensor
 
 from datamodules.sampler import stable_seed
 from fl_lightning.checkpoint import CHECKPOINT_DIR, find_last_checkpoint, list_checkpoints
-from fl_lightning.run_dir import atomic_write_text, claim, json_safe, release
+from fl_lightning.run_dir import claim, release, write_json
 
 SUMMARY_KEY = "membership_audit"
 ATTACKS = ("loss", "class_calibrated")
@@ -398,18 +398,15 @@ def write_summary_entry(run: Path, entry: dict[str, Any]) -> None:
     path = run / "summary.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: --write adds to the summary of a finished run")
-    from fl_lightning import run_dir
-
-    held_before = run.resolve() in run_dir._HELD  # this process's own run (from Python): keep holding it after
-    claim(run)  # a live run of another process would overwrite (or be overwritten by) our summary
+    # A live run of another process would overwrite (or be overwritten by) our summary; this process's own run
+    # (from Python) stays held after.
+    newly = claim(run)
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
         summary[SUMMARY_KEY] = entry
-        # The format of RunDirectory.write_json, so the file reads as the run wrote it.
-        text = json.dumps(json_safe(summary), indent=2, sort_keys=True, default=str, allow_nan=False)
-        atomic_write_text(path, text + "\n")
+        write_json(path, summary)
     finally:
-        if not held_before:
+        if newly:
             release(run)
 
 

@@ -81,6 +81,12 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
     return _csv_lines(rows, _extend_header([], rows), with_header=True)
 
 
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    """A JSON record of a run (sorted keys, NaN as null), written atomically."""
+    text = json.dumps(json_safe(content), indent=2, sort_keys=True, default=str, allow_nan=False)
+    atomic_write_text(path, text + "\n")
+
+
 # Columns of metrics.csv / rounds.csv that hold text (everything else holds numbers).
 TEXT_COLUMNS = frozenset({"client"})
 _INT = re.compile(r"-?\d+")
@@ -143,18 +149,21 @@ class RunDirectoryInUse(RuntimeError):
     """Another live process holds the run directory."""
 
 
-def claim(path: Path) -> None:
+def claim(path: Path) -> bool:
     """Hold ``path`` for this process with an exclusive lock on ``path/.lock`` (released when the process ends).
 
     ``flock`` locks die with their process, so a run killed with SIGKILL leaves no stale lock behind. Where
     ``fcntl`` does not exist (Windows) only the atomic creation of new run directories protects them.
+
+    Returns:
+        Whether this call took the hold (False: this process held it already, or there is no ``fcntl``).
 
     Raises:
         RunDirectoryInUse: If another process holds it, naming that process.
     """
     key = path.resolve()
     if key in _HELD or fcntl is None:
-        return
+        return False
     handle = open(path / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the life of the process
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -171,6 +180,7 @@ def claim(path: Path) -> None:
     handle.write(str(os.getpid()))
     handle.flush()
     _HELD[key] = handle
+    return True
 
 
 def _set_aside(path: Path) -> None:
@@ -326,8 +336,7 @@ class RunDirectory:
 
     def write_json(self, name: str, content: dict[str, Any]) -> None:
         """Any JSON record of the run (e.g. ``environment.json``)."""
-        text = json.dumps(json_safe(content), indent=2, sort_keys=True, default=str, allow_nan=False)
-        atomic_write_text(self.path / name, text + "\n")
+        write_json(self.path / name, content)
 
     def write_config(self, text: str) -> None:
         """The resolved config (YAML) that reproduces the run."""
