@@ -1,6 +1,6 @@
 """Train a federated experiment: ``python train.py --config configs/fedavg_digits.yaml [overrides]``."""
 
-from fl_lightning.heap import long_lived
+from fl_lightning.startup.heap import long_lived
 
 # What the imports create lives as long as the process: not traversed by the cyclic collector (see heap.py).
 with long_lived():

@@ -45,7 +45,7 @@ import torch
 
 from fl_lightning import Federation
 from fl_lightning import runtime as runtime_module
-from fl_lightning.local_fit import LocalFitter
+from fl_lightning.runtime.local_fit import LocalFitter
 
 
 class Clock:

@@ -46,11 +46,11 @@ import yaml
 
 from callbacks import AmplitudeNormalization, FedBN, FedNova, FedOpt, FedProx, Moon, Scaffold, WeightPerturbation
 from datamodules import DigitsFederated, DigitsSegFederated
-from fl_lightning import ClassificationClient, Federation, FederationConfig
+from fl_lightning import ClassificationClient, Federation, FederationConfig, local_federation
 from fl_lightning.cli import TRAINER_DEFAULTS  # Lightning skips jsonargparse when absent
 from fl_lightning.clients import SegmentationClient
-from fl_lightning.local_fit import LocalFitter
 from fl_lightning.ops.state import all_finite
+from fl_lightning.runtime.local_fit import LocalFitter
 
 logging.getLogger("lightning").setLevel(logging.WARNING)
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -100,7 +100,7 @@ def digits(args: argparse.Namespace, momentum: float = 0.9) -> tuple[DigitsFeder
 def federate(model: Any, data: Any, trainer: L.Trainer, rounds: int, out: str, **cfg: Any) -> tuple[Federation, Result]:
     """One Federation run; client failures (warnings) are counted, and quoted when the whole run fails."""
     config = FederationConfig(rounds=rounds, output_dir=out, progress=False, plots=False, **cfg)
-    fed = Federation(config, model, data, trainer, seed=0)
+    fed = local_federation(config, model, data, trainer, seed=0)
     with warnings.catch_warnings(record=True) as caught:  # the library's own filters still drop its known noise
         try:
             summary = fed.run()

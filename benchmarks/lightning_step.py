@@ -1,7 +1,7 @@
 """Lightning's own cost per training step and per ``trainer.fit``, beyond a plain loop doing the same steps.
 
 The same steps run once as a plain PyTorch loop and once through the Federation's path to Lightning (a Trainer with
-the CLI's defaults and no logger, driven by :class:`fl_lightning.local_fit.LocalFitter`), alternating, in one
+the CLI's defaults and no logger, driven by :class:`fl_lightning.runtime.local_fit.LocalFitter`), alternating, in one
 process: one long fit (the per-step cost) and many short fits of a few steps on the one Trainer, as the Federation
 runs a client's (the fixed set-up and teardown per fit). Two workloads:
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.local_fit import LocalFitter
+from fl_lightning.runtime.local_fit import LocalFitter
 
 BATCH = 32
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from datamodules import DigitsFederated
-from fl_lightning import ClassificationClient, Federation, FederationConfig
+from fl_lightning import ClassificationClient, FederationConfig, local_federation
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.metrics import classification_metrics
+from fl_lightning.clients.metrics import classification_metrics
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights
 
 
@@ -59,7 +59,7 @@ def run_federation(args: argparse.Namespace) -> tuple[float, float, dict[str, to
     trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": args.device, "logger": False})
     with tempfile.TemporaryDirectory() as out:
         cfg = FederationConfig(rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False)
-        fed = Federation(cfg, model, data, trainer, seed=0)
+        fed = local_federation(cfg, model, data, trainer, seed=0)
         start = time.perf_counter()
         summary = fed.run()
         seconds = time.perf_counter() - start

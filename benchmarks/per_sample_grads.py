@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from callbacks.domain_isolation import _full_model
+from callbacks.ddi.domain_isolation import _full_model
 from datamodules import DigitsSegFederated
 from fl_lightning.clients import SegmentationClient
 from fl_lightning.ops.per_sample_grads import class_restricted_gradients, per_class_losses, prune_indices

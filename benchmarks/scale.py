@@ -117,7 +117,7 @@ def child(config_path: str, report_path: str, ckpt_round: int) -> None:
 
 def _store_files(run_dir: Path) -> set[Path]:
     """The clients' state files of a run (beside its checkpoints)."""
-    from fl_lightning.client_store import STORE_DIR
+    from fl_lightning.outputs.client_store import STORE_DIR
 
     return set((run_dir / "checkpoints" / STORE_DIR).glob("*"))
 
@@ -129,8 +129,8 @@ def checkpoint_at_round(fed: Any, rounds: int) -> dict[str, float]:
     one round changes (``client_fraction`` of them) beside the checkpoint, "before" wrote every client's state and
     every row into each checkpoint.
     """
-    from fl_lightning.checkpoint import ClientStateStore, save_checkpoint, write_round_checkpoint
-    from fl_lightning.run_dir import _csv_text, atomic_write_text
+    from fl_lightning.outputs.checkpoint import ClientStateStore, save_checkpoint, write_round_checkpoint
+    from fl_lightning.outputs.run_dir import _csv_text, atomic_write_text
 
     run = fed.run_dir
     n = len(fed.data.client_ids)
@@ -140,7 +140,7 @@ def checkpoint_at_round(fed: Any, rounds: int) -> dict[str, float]:
     run.client_rows, run.round_rows = client_rows[:-n], round_rows[:-1]
     run._headers = {}
     run.add_rows(client_rows[-n:], round_rows[-1])  # rewrites both files once (new headers): the history exists
-    states = fed.runtime.callback_states
+    states = fed.transport.runtime.callback_states
     for cid in fed.data.client_ids if states else []:
         states.setdefault(cid, copy.deepcopy(next(iter(states.values()))))
     out: dict[str, float] = {}
@@ -149,7 +149,7 @@ def checkpoint_at_round(fed: Any, rounds: int) -> dict[str, float]:
         write_round_checkpoint(Path(tmp) / "round-00099.ckpt", fed.state_dict(), store, 2)  # the rounds before
         trained = fed.data.client_ids[: max(1, round(fed.config.client_fraction * n))]
         for cid in trained:  # what round 100 changes
-            fed.runtime.generations[cid] = fed.runtime.generations.get(cid, 0) + 1
+            fed.transport.runtime.generations[cid] = fed.transport.runtime.generations.get(cid, 0) + 1
         before = set(Path(tmp).rglob("*"))
         path = Path(tmp) / "round-00100.ckpt"
         t0 = time.perf_counter()

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from callbacks.secure_aggregation import masked_names
-from fl_lightning import protocol
 from fl_lightning.models.registry import build_classifier
 from fl_lightning.ops import secagg, weighted_average
+from fl_lightning.wire import protocol
 
 SESSION, GROUP, ROUND = "bench", "global", 0
 

@@ -27,7 +27,7 @@ FLOORS = ("torch", "lightning")
 PROBE = """
 import sys, time
 from pathlib import Path
-from fl_lightning import federation
+from fl_lightning.server import federation
 out = sys.argv.pop(1)
 original = federation.Federation.run_round
 def probed(self, r):

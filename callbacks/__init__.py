@@ -4,12 +4,12 @@ from callbacks.amplitude_norm import AmplitudeNormalization
 from callbacks.base import FederatedCallback
 from callbacks.classifier_shift import ClassifierShift
 from callbacks.clustered_fl import ClusteredFL
-from callbacks.domain_isolation import DomainIsolation
+from callbacks.ddi.domain_isolation import DomainIsolation
 from callbacks.dp_fedavg import DPFedAvg
 from callbacks.dp_sgd import DPSGD
-from callbacks.experience_replay import ExperienceReplay
 from callbacks.fedbn import FedBN
 from callbacks.feddyn import FedDyn
+from callbacks.feder.experience_replay import ExperienceReplay
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx

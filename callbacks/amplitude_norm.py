@@ -14,10 +14,9 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.models.amplitude_norm import AmplitudeNorm
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ModelGroup, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.state import ModelGroup
+    from fl_lightning.wire.protocol import Reply, Task
 
 LAYER = "input_norm"  # the ClientModule attribute every task passes its inputs through first
 
@@ -72,7 +71,7 @@ class AmplitudeNormalization(FederatedCallback):
         setattr(module, LAYER, AmplitudeNorm(data.in_channels, data.image_size, v=self.v, band=self.band))
 
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         if not server.has_global_model:
             raise PreconditionError(
                 "AmplitudeNormalization exchanges amplitudes through a server; it needs federation.mode=federated "
@@ -80,7 +79,7 @@ class AmplitudeNormalization(FederatedCallback):
             )
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         if bool(reply.state[self.key("frozen")]):
             return  # after the exchange there is nothing to collect
         amplitude = reply.state[self.key("amplitude")].to(torch.float64)
@@ -90,7 +89,7 @@ class AmplitudeNormalization(FederatedCallback):
 
     @override
     def on_aggregate(
-        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         amp, frozen, init = self.key("amplitude"), self.key("frozen"), self.key("initialized")
         if bool(previous[frozen]):

@@ -14,8 +14,7 @@ from fl_lightning.ops import secure_sum
 from fl_lightning.ops.label_shift import global_prior, logit_shift, smoothed_prior
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
-    from fl_lightning.runtime import ClientContext
+    from fl_lightning.callback import ClientContext, ServerView
 
 SHIFT_KEY = "logit_adjustment"
 
@@ -69,7 +68,7 @@ class ClassifierShift(FederatedCallback):
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         if self.prior is not None:  # restored from a checkpoint (the clients' shifts are in their runtime's)
             return
         ids = list(server.data.client_ids)

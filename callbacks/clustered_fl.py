@@ -12,8 +12,8 @@ from callbacks.preconditions import trainable_names
 from fl_lightning.ops.cfl import bipartition, flatten, split_criterion
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
-    from fl_lightning.protocol import Reply, Task
+    from fl_lightning.callback import ServerView
+    from fl_lightning.wire.protocol import Reply, Task
 
 
 class ClusteredFL(FederatedCallback):
@@ -41,22 +41,23 @@ class ClusteredFL(FederatedCallback):
         self.eps1, self.eps2, self.split_round, self.max_clusters = eps1, eps2, split_round, max_clusters
         self._updates: dict[str, dict[str, tuple[torch.Tensor, float]]] = {}
         self.splits: list[dict[str, Any]] = []
+        self._names: list[str] = []
 
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         self._names = trainable_names(server.module)
 
     @override
-    def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
+    def on_round_start(self, server: ServerView, round_idx: int, selected: list[str]) -> None:
         self._updates = {}
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         delta = flatten(reply.state, self._names) - flatten(task.state, self._names)
         self._updates.setdefault(reply.group, {})[reply.client_id] = (delta, weight)
 
     @override
-    def on_round_end(self, server: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, server: ServerView, round_idx: int, metrics: dict[str, Any]) -> None:
         fixed = self.split_round is not None
         if fixed and round_idx + 1 != self.split_round:
             return

@@ -25,14 +25,12 @@ from fl_lightning.ops.dp_fedavg import (
     private_state,
     update_noise_multiplier,
 )
-from fl_lightning.selection import num_selected
+from fl_lightning.server.selection import num_selected
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.runtime import ClientContext, ClientRuntime
-    from fl_lightning.state import ModelGroup
+    from fl_lightning.wire.protocol import Reply, Task
 
 
 def _check_no_running_statistics(module: L.LightningModule) -> list[str]:
@@ -142,10 +140,12 @@ class DPFedAvg(FederatedCallback):
         self.round_clip = self.initial_clip  # the C of the latest round (C is updated after it)
         self._round = 0
         self._replies = self._bits = 0
+        self._names: list[str] = []  # server half: the trainable parameters
+        self._client_names: list[str] = []  # client half: the same, of the runtime's module
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         cfg = server.config
         if len(server.groups) != 1 or cfg.topology != "star":
             raise PreconditionError("DPFedAvg needs one global model (one group, federation.topology=star)")
@@ -185,7 +185,7 @@ class DPFedAvg(FederatedCallback):
         return server_seed if self.noise_seed is None else self.noise_seed
 
     @override
-    def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
+    def on_round_start(self, server: ServerView, round_idx: int, selected: list[str]) -> None:
         if self.max_epsilon is not None:
             after = epsilon(add_round(self.history, self.sigma, self.q), self.delta)
             if after > self.max_epsilon:
@@ -197,12 +197,12 @@ class DPFedAvg(FederatedCallback):
         self._round, self._replies, self._bits = round_idx, 0, 0
 
     @override
-    def configure_task(self, server: Federation, task: Task) -> None:
+    def configure_task(self, server: ServerView, task: Task) -> None:
         std = self.sigma_update * self.clip / math.sqrt(self.m) if self.noise == "distributed" and self.clip else 0.0
         self.put_payload(task, {"clip_norm": self.clip, "noise_std": std, "bit": self.adaptive})
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         self._replies += 1
         if self.adaptive:
             bit = (self.get_payload(reply) or {}).get("unclipped")
@@ -212,7 +212,7 @@ class DPFedAvg(FederatedCallback):
 
     @override
     def on_aggregate(
-        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         out = fixed_denominator_mean(previous, averaged, self._names, self._replies, self.m)
         seed, r = self._seed(server.seed), self._round
@@ -230,13 +230,13 @@ class DPFedAvg(FederatedCallback):
         return out
 
     @override
-    def on_round_end(self, server: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, server: ServerView, round_idx: int, metrics: dict[str, Any]) -> None:
         metrics["privacy/epsilon"] = epsilon(self.history, self.delta)
         if self.round_clip is not None:
             metrics["privacy/clip_norm"] = self.round_clip
 
     @override
-    def summary_entries(self, server: Federation) -> dict[str, Any]:
+    def summary_entries(self, server: ServerView) -> dict[str, Any]:
         return {
             "privacy": {
                 "mechanism": "DP-FedAvg: client-level sampled Gaussian, fixed denominator (McMahan et al. 2018)",
@@ -271,7 +271,7 @@ class DPFedAvg(FederatedCallback):
 
     # ------------------------------------------------------------------ client half
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         self._client_names = _check_no_running_statistics(runtime.module)
 
     @override

@@ -28,9 +28,8 @@ if TYPE_CHECKING:
     from opacus.grad_sample.grad_sample_module import GradSampleHooks
     from torch.utils.data import DataLoader
 
-    from fl_lightning.federation import Federation
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.runtime import ClientContext, ClientRuntime
+    from fl_lightning.callback import ClientContext, RuntimeView, ServerView
+    from fl_lightning.wire.protocol import Reply, Task
 
 # Opacus hooks the first layer too, whose input needs no gradient; torch then warns on every fit. Nothing is wrong:
 # its per-example gradients come from its output's gradient, which the hook receives.
@@ -138,7 +137,6 @@ class DPSGD(FederatedCallback):
         # server half: the last report of every client that trained
         self.reports: dict[str, dict[str, Any]] = {}
         # client half: the running fit
-        self._ctx: ClientContext | None = None
         self._fit: dict[str, Any] | None = None
         self._attached: tuple[GradSampleHooks | None, torch.optim.Optimizer, Any, list[torch.nn.Module]] | None = None
         self._plain_steps = 0  # optimiser steps of a fit without noise and clipping (no Opacus attached)
@@ -159,13 +157,13 @@ class DPSGD(FederatedCallback):
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         report = self.get_payload(reply)
         if report is not None:
             self.reports[reply.client_id] = dict(report)
 
     @override
-    def on_round_end(self, server: Federation, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, server: ServerView, round_idx: int, metrics: dict[str, Any]) -> None:
         epsilons = [r["epsilon"] for r in self.reports.values()]
         if epsilons:
             metrics["privacy/epsilon_worst"] = max(epsilons)
@@ -173,7 +171,7 @@ class DPSGD(FederatedCallback):
         metrics["privacy/exhausted_clients"] = sum(bool(r["exhausted"]) for r in self.reports.values())
 
     @override
-    def summary_entries(self, server: Federation) -> dict[str, Any]:
+    def summary_entries(self, server: ServerView) -> dict[str, Any]:
         epsilons = {c: r["epsilon"] for c, r in sorted(self.reports.items())}
         return {
             "privacy": {
@@ -203,7 +201,7 @@ class DPSGD(FederatedCallback):
 
     # ------------------------------------------------------------------ client half
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         from opacus.validators import ModuleValidator
 
         module, trainer = runtime.module, runtime.trainer
@@ -256,7 +254,6 @@ class DPSGD(FederatedCallback):
 
     @override
     def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
-        self._ctx = ctx
         self._fit = None
 
     @override
@@ -274,7 +271,7 @@ class DPSGD(FederatedCallback):
             if self.noise_multiplier is not None:
                 state["noise_multiplier"] = float(self.noise_multiplier)
             else:  # planned: every round at this fit's budget (client sampling only lowers the real ε)
-                planned = ctx.runtime.config.rounds * steps
+                planned = ctx.config.rounds * steps
                 state["noise_multiplier"] = calibrate_noise(
                     self.target_epsilon, delta, sample_rate, planned, self.accountant
                 )
@@ -307,7 +304,7 @@ class DPSGD(FederatedCallback):
         from opacus.grad_sample.grad_sample_module import GradSampleHooks
         from opacus.optimizers import DPOptimizer
 
-        fit, ctx = self._fit, self._ctx
+        fit, ctx = self._fit, self.fit_context
         (optimizer,) = trainer.strategy.optimizers
         if fit["sigma"] == 0 and math.isinf(self.max_grad_norm):
             # No noise and no clipping is plain SGD (ε = ∞): let autograd's batch gradient stand instead of Opacus'
@@ -343,11 +340,12 @@ class DPSGD(FederatedCallback):
         hooks, optimizer, accountant, inplace = self._attached
         self._attached = None
         if hooks is None:  # the plain-SGD fit (σ = 0, C = ∞): its steps are still history (ε = ∞ from the first)
-            history = add_steps(self._ctx.state.get("history", []), 0.0, self._fit["q"], self._plain_steps)
-            self._ctx.state["history"] = [[float(s), float(q), int(n)] for s, q, n in history]
+            state = self.fit_context.state
+            history = add_steps(state.get("history", []), 0.0, self._fit["q"], self._plain_steps)
+            state["history"] = [[float(s), float(q), int(n)] for s, q, n in history]
             return
         # Every noised step counts, even if the fit then fails: privacy was spent.
-        self._ctx.state["history"] = [[float(s), float(q), int(n)] for s, q, n in accountant.history]
+        self.fit_context.state["history"] = [[float(s), float(q), int(n)] for s, q, n in accountant.history]
         hooks.cleanup()
         for p in pl_module.parameters():
             if hasattr(p, "summed_grad"):
@@ -395,4 +393,4 @@ class DPSGD(FederatedCallback):
                 "exhausted": exhausted,
             },
         )
-        self._ctx, self._fit = None, None
+        self._fit = None

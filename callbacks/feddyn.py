@@ -8,16 +8,14 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from callbacks.base import FederatedCallback
 from callbacks.preconditions import single_optimizer, trainable_names
+from fl_lightning.callback import FederatedCallback
 from fl_lightning.ops.feddyn import add_dynamic_gradient, client_linear_update, server_h_update, server_model
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.runtime import ClientContext, ClientRuntime
-    from fl_lightning.state import ModelGroup
+    from fl_lightning.wire.protocol import Reply, Task
 
 
 class FedDyn(FederatedCallback):
@@ -30,7 +28,7 @@ class FedDyn(FederatedCallback):
     **Server half.** From the replies' states (nothing else travels: FedDyn costs FedAvg's bytes) it sums
     θ_i^t − θ^{t−1}, updates h ← h − (α/m) Σ (θ_i^t − θ^{t−1}) over the m clients, and sets the new global
     model to the participants' mean − h/α. The paper's mean is uniform: use it with
-    ``federation.aggregation=uniform`` (``configs/feddyn_digits.yaml`` does); with sample weights the mean is
+    ``federation.aggregation=uniform`` (``configs/feddyn_digits_dirichlet.yaml`` does); with sample weights the mean is
     weighted and the rest unchanged.
 
     Preconditions: one optimiser, one model group. α = 0 is refused (h/α); small α behaves like FedAvg only
@@ -50,12 +48,12 @@ class FedDyn(FederatedCallback):
         self.alpha = alpha
         self.h: dict[str, torch.Tensor] = {}
         self._delta_sum: dict[str, torch.Tensor] = {}
-        self._ctx: ClientContext | None = None
+        self._names: list[str] = []
         self._step: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         if len(server.groups) != 1:
             raise ValueError("FedDyn supports one model group")
         if not self.h:  # a resumed run restored it
@@ -63,14 +61,14 @@ class FedDyn(FederatedCallback):
             self.h = {k: torch.zeros_like(state[k]) for k in trainable_names(server.module)}
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         for k in self.h:
             delta = reply.state[k] - task.state[k]
             self._delta_sum[k] = self._delta_sum[k] + delta if k in self._delta_sum else delta
 
     @override
     def on_aggregate(
-        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         if self._delta_sum:
             self.h = server_h_update(self.h, self._delta_sum, self.alpha, len(server.data.client_ids))
@@ -87,20 +85,16 @@ class FedDyn(FederatedCallback):
 
     # ------------------------------------------------------------------ client half
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         single_optimizer(runtime.module, "FedDyn")
         self._names = trainable_names(runtime.module)
-
-    @override
-    def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
-        self._ctx = ctx
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After Lightning moved the module to its device: the anchor θ^{t−1} and g_i live there for the steps.
         named = dict(pl_module.named_parameters())
         params = [named[k] for k in self._names]
-        linear = self._ctx.state.get("linear", {})
+        linear = self.fit_context.state.get("linear", {})
         anchors = [p.detach().clone() for p in params]
         terms = [linear[k].to(p.device) if k in linear else torch.zeros_like(p) for k, p in zip(self._names, params)]
         self._step = (params, anchors, terms)
@@ -119,4 +113,3 @@ class FedDyn(FederatedCallback):
     def on_client_end(self, ctx: ClientContext, module: L.LightningModule, reply: Reply) -> None:
         linear = ctx.state.get("linear") or {k: torch.zeros_like(ctx.received[k]) for k in self._names}
         ctx.state["linear"] = client_linear_update(linear, reply.state, ctx.received, self.alpha)
-        self._ctx = None

@@ -13,11 +13,9 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.fednova import normalized_update, normalizing_factor, server_step
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.runtime import ClientContext, ClientRuntime
-    from fl_lightning.state import ModelGroup
+    from fl_lightning.wire.protocol import Reply, Task
 
 
 class FedNova(FederatedCallback):
@@ -41,24 +39,26 @@ class FedNova(FederatedCallback):
         self._momentum = 0.0
         self._tau_eff = 0.0
         self._weight = 0.0
+        self._names: list[str] = []  # server half: the trainable parameters
+        self._client_names: list[str] = []  # client half: the same, of the runtime's module
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         self._names = trainable_names(server.module)
 
     @override
-    def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
+    def on_round_start(self, server: ServerView, round_idx: int, selected: list[str]) -> None:
         self._tau_eff, self._weight = 0.0, 0.0
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         self._tau_eff += weight * float(self.get_payload(reply))
         self._weight += weight
 
     @override
     def on_aggregate(
-        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         # averaged[k] holds Σ p_i d_i for the parameters (renormalised if clients dropped out); so must τ_eff be.
         tau_eff = self._tau_eff / self._weight
@@ -67,7 +67,7 @@ class FedNova(FederatedCallback):
 
     # ------------------------------------------------------------------ client half
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         group = plain_sgd(runtime.module, runtime.trainer, "FedNova", allow_momentum=True)
         self._momentum = float(group.get("momentum", 0.0))
         self._client_names = trainable_names(runtime.module)

@@ -12,9 +12,8 @@ from callbacks.preconditions import trainable_names
 from fl_lightning.ops.fedopt import fedopt_step
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ModelGroup, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.state import ModelGroup
 
 
 class FedOpt(FederatedCallback):
@@ -58,14 +57,15 @@ class FedOpt(FederatedCallback):
         self.initial_accumulator = eps**2 if initial_accumulator is None else float(initial_accumulator)
         self.m: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
+        self._names: list[str] = []
 
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         self._names = trainable_names(server.module)
 
     @override
     def on_aggregate(
-        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         out = dict(averaged)
         for k in self._names:

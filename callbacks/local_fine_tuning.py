@@ -10,13 +10,12 @@ from typing_extensions import override
 
 from callbacks.base import FederatedCallback
 from datamodules.sampler import SeededEpochSampler, stable_seed
-from fl_lightning.checkpoint import rng_state, set_rng_state
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state
+from fl_lightning.outputs.checkpoint import rng_state, set_rng_state
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
-    from fl_lightning.runtime import ClientContext
+    from fl_lightning.callback import ClientContext, ServerView
 
 MODEL_NAME = "finetuned"
 
@@ -67,7 +66,7 @@ class LocalFineTuning(FederatedCallback):
         self._warned_multi_group = False
 
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         cfg = server.config
         # (The Federation already refuses any federated callback outside federated mode; this names the reason.)
         if cfg.mode != "federated":
@@ -83,7 +82,7 @@ class LocalFineTuning(FederatedCallback):
 
     # ------------------------------------------------------------------ server half
     @override
-    def extra_evaluation(self, server: Federation) -> dict[str, dict[str, dict[str, float]]]:
+    def extra_evaluation(self, server: ServerView) -> dict[str, dict[str, dict[str, float]]]:
         # During run_round(r) server.round is still r, so the final round's evaluation has round + 1 == rounds;
         # an evaluation after the run (round == rounds) is of the final model too.
         if not self.every_eval and server.round + 1 < server.config.rounds:
@@ -103,7 +102,7 @@ class LocalFineTuning(FederatedCallback):
                 results[cid] = answer["metrics"]
         return {MODEL_NAME: results}
 
-    def _warn_if_in_several_groups(self, server: Federation, client_id: str) -> None:
+    def _warn_if_in_several_groups(self, server: ServerView, client_id: str) -> None:
         groups = [g.name for g in server.groups if client_id in g.members]
         if len(groups) > 1 and not self._warned_multi_group:
             self._warned_multi_group = True
@@ -118,20 +117,12 @@ class LocalFineTuning(FederatedCallback):
     def answer_query(self, ctx: ClientContext, name: str, payload: Any) -> Any:
         if name != "finetune":
             return super().answer_query(ctx, name, payload)
-        runtime = ctx.runtime
-        module, trainer = runtime.module, runtime.trainer
+        module = ctx.module
         saved = clone_state(module.state_dict())
         rng = rng_state()
-        callbacks = trainer.callbacks
-        # Fine-tuning is plain local training of the final model: the method's callbacks must not act on it
-        # (FedProx would pull towards the start weights, SCAFFOLD would add control variates of the last round,
-        # MOON its contrastive term) nor update their per-client state from it. So only the non-federated
-        # callbacks (Lightning's own, the fitter's probe) stay attached; the list is restored whatever happens.
-        trainer.callbacks = [cb for cb in callbacks if not isinstance(cb, FederatedCallback)]
         try:
             return self.fine_tune(ctx, int(payload))
         finally:
-            trainer.callbacks = callbacks
             module.load_state_dict(saved)
             set_rng_state(rng)
 
@@ -142,17 +133,16 @@ class LocalFineTuning(FederatedCallback):
             ``{"metrics": test metrics, "error": None}``, or ``{"metrics": None, "error": reason}`` if the fit failed.
 
         """
-        runtime, cid = ctx.runtime, ctx.client_id
-        module, data, device = runtime.module, runtime.data, runtime.device
+        cid, module, data, device = ctx.client_id, ctx.module, ctx.data, ctx.device
         # What the "personal" evaluation loads (the group's global state with the client's private state).
-        module.load_state_dict({**ctx.received, **runtime.private_state(cid, ctx.group)})
+        module.load_state_dict({**ctx.received, **ctx.private})
         if epochs:
             n = data.num_train_samples(cid)
             # Its own sampler: the client's persistent one (federated training's shuffling) must not advance.
             sampler = SeededEpochSampler(n, stable_seed(data.seed, cid, "finetune"))
             loader = data.client_subset_train_loader(cid, torch.arange(n), sampler)
-            try:  # a fresh optimiser (no kept optimiser state), as the module configures it
-                runtime.fitter.fit(module, loader, epochs, cid)
+            try:  # plain local training of the final model: a fresh optimiser, no method's callback acting on it
+                ctx.fit_alone(loader, epochs)
             except PreconditionError:
                 raise
             except Exception as err:  # noqa: BLE001 - one client's failure must not end the run

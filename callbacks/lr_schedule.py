@@ -12,9 +12,8 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.lr_schedule import check_schedule_args, lr_factor
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
-    from fl_lightning.protocol import Task
-    from fl_lightning.runtime import ClientRuntime
+    from fl_lightning.callback import RuntimeView, ServerView
+    from fl_lightning.wire.protocol import Task
 
 
 class LRSchedule(FederatedCallback):
@@ -83,7 +82,7 @@ class LRSchedule(FederatedCallback):
         )
 
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         module = runtime.module
         if not hasattr(module, "lr_factor"):
             raise PreconditionError(
@@ -102,5 +101,5 @@ class LRSchedule(FederatedCallback):
             )
 
     @override
-    def configure_task(self, server: Federation, task: Task) -> None:
+    def configure_task(self, server: ServerView, task: Task) -> None:
         task.lr_factor = self.factor(task.round, server.config.rounds)

@@ -15,8 +15,8 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.moon import moon_contrastive_loss
 
 if TYPE_CHECKING:
-    from fl_lightning.protocol import Reply
-    from fl_lightning.runtime import ClientContext, ClientRuntime
+    from fl_lightning.callback import ClientContext, RuntimeView
+    from fl_lightning.wire.protocol import Reply
 
 
 class Moon(FederatedCallback):
@@ -42,11 +42,10 @@ class Moon(FederatedCallback):
         if mu < 0 or temperature <= 0:
             raise ValueError(f"Moon needs mu >= 0 and temperature > 0, got mu={mu}, temperature={temperature}")
         self.mu, self.temperature = mu, temperature
-        self._ctx: ClientContext | None = None
         self._frozen: tuple[nn.Module, nn.Module] | None = None
 
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         net = getattr(runtime.module, "net", None)
         if not (isinstance(net, nn.Module) and hasattr(net, "features") and hasattr(net, "classifier")):
             raise PreconditionError(
@@ -57,15 +56,11 @@ class Moon(FederatedCallback):
             raise PreconditionError("Moon needs a ClientModule with `loss_terms`")
 
     @override
-    def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
-        self._ctx = ctx
-
-    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Copies made here, after Lightning moved the module to its device; the weights are the received global ones.
         global_net = _frozen_copy(pl_module.net)
         previous_net = _frozen_copy(pl_module.net)
-        previous = self._ctx.state.get("previous")
+        previous = self.fit_context.state.get("previous")
         if previous is not None:
             previous_net.load_state_dict(previous)
         self._frozen = (global_net, previous_net)
@@ -85,7 +80,6 @@ class Moon(FederatedCallback):
     @override
     def on_client_end(self, ctx: ClientContext, module: L.LightningModule, reply: Reply) -> None:
         ctx.state["previous"] = {k.removeprefix("net."): v for k, v in reply.state.items() if k.startswith("net.")}
-        self._ctx = None
 
 
 def _frozen_copy(net: nn.Module) -> nn.Module:

@@ -13,8 +13,8 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.label_shift import inverse_prior_weights
 
 if TYPE_CHECKING:
-    from fl_lightning.protocol import Reply
-    from fl_lightning.runtime import ClientContext
+    from fl_lightning.callback import ClientContext
+    from fl_lightning.wire.protocol import Reply
 
 WEIGHT_KEY = "class_weight"
 

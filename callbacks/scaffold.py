@@ -14,11 +14,9 @@ from fl_lightning.ops.aggregate import aggregation_weights
 from fl_lightning.ops.scaffold import client_control, correct_gradients, server_control, weighted_server_control
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.runtime import ClientContext, ClientRuntime
-    from fl_lightning.state import ModelGroup
+    from fl_lightning.wire.protocol import Reply, Task
 
 
 CONTROL_WEIGHTS = ("steps", "aggregation", "uniform")
@@ -37,10 +35,10 @@ class Scaffold(FederatedCallback):
       corrections cancel in it (Σ_i p_i τ_i (c − c_i) = 0) as they do in the paper. With uniform aggregation and
       equal local steps this is the paper's update.
     * ``"aggregation"``: π_i = p_i (cancels only when every client takes the same number of steps).
-    * ``"uniform"``: the paper's c ← c + Σ_{i∈S} Δc_i / N whatever the aggregation weights (the behaviour before
-      this option). With sample-weighted aggregation and unequal clients it diverges: c is then the mean of the
-      small clients' one-batch gradients, and the large client, which dominates the average, walks τ_i steps along
-      c − c_i (measured on a Dirichlet(0.1) split: ‖c‖ 1.8 → 1e15 in 13 rounds; ``experiments/degenerate.py``).
+    * ``"uniform"``: the paper's c ← c + Σ_{i∈S} Δc_i / N whatever the aggregation weights. With sample-weighted
+      aggregation and unequal clients it diverges: c is then the mean of the small clients' one-batch gradients,
+      and the large client, which dominates the average, walks τ_i steps along c − c_i
+      (``experiments/degenerate.py`` shows it).
 
     Messages: every ``fit`` task carries c; every reply carries Δc_i = c_i⁺ − c_i (so a round moves about
     twice FedAvg's bytes each way). c_i is the client's private state (``ctx.state["c_i"]``, kept by its
@@ -73,14 +71,14 @@ class Scaffold(FederatedCallback):
         self._population: dict[str, float] = {}  # p_i over all clients (the aggregation's scheme)
         self._weight_sum = 0.0  # Σ_{i∈S} π_i
         self._participation = 0.0  # Σ_{i∈S} p_i
-        self._ctx: ClientContext | None = None
+        self._names: list[str] = []
         self._params: list[torch.Tensor] = []
         self._corrections: list[torch.Tensor] = []
         self._lr = 0.0
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         if len(server.groups) != 1:
             raise ValueError("Scaffold supports one model group")
         if not self.c:  # a resumed run restored it already
@@ -91,11 +89,11 @@ class Scaffold(FederatedCallback):
         self._population = dict(zip(ids, weights, strict=True))
 
     @override
-    def configure_task(self, server: Federation, task: Task) -> None:
+    def configure_task(self, server: ServerView, task: Task) -> None:
         self.put_payload(task, self.c)
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         delta = self.get_payload(reply)
         if not delta:
             return
@@ -112,7 +110,7 @@ class Scaffold(FederatedCallback):
 
     @override
     def on_aggregate(
-        self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict
+        self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict
     ) -> StateDict:
         if self.update_controls and self._delta_sum:
             if self.control_weights == "uniform":
@@ -132,18 +130,15 @@ class Scaffold(FederatedCallback):
 
     # ------------------------------------------------------------------ client half
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         plain_sgd(runtime.module, runtime.trainer, "SCAFFOLD", allow_momentum=False)
         self._names = trainable_names(runtime.module)
 
     @override
-    def on_client_start(self, ctx: ClientContext, module: L.LightningModule) -> None:
-        self._ctx = ctx
-
-    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         named = dict(pl_module.named_parameters())
-        c, c_i = self._ctx.payload, self._ctx.state.get("c_i", {})
+        ctx = self.fit_context
+        c, c_i = ctx.payload, ctx.state.get("c_i", {})
         self._params = [named[k] for k in self._names]
         self._corrections = [(c[k] - c_i[k] if k in c_i else c[k]).to(named[k].device) for k in self._names]
         # η of THIS fit, as configured (a per-round schedule's factor included, see callbacks.LRSchedule), not
@@ -163,7 +158,6 @@ class Scaffold(FederatedCallback):
 
     @override
     def on_client_end(self, ctx: ClientContext, module: L.LightningModule, reply: Reply) -> None:
-        self._ctx = None
         if not self.update_controls:
             return
         c = ctx.payload

@@ -12,11 +12,9 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import aggregation_weights, secagg
 
 if TYPE_CHECKING:
-    from fl_lightning.federation import Federation
+    from fl_lightning.callback import ClientContext, ModelGroup, ServerView
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.protocol import Reply, Task
-    from fl_lightning.runtime import ClientContext
-    from fl_lightning.state import ModelGroup
+    from fl_lightning.wire.protocol import Reply, Task
 
 # Methods checked to work on the aggregate alone (their server half never reads one client's update) and whose
 # client half leaves the reply's state as the update to protect. Anything else is refused, with its reason.
@@ -122,7 +120,7 @@ class SecureAggregation(FederatedCallback):
 
     # ------------------------------------------------------------------ server half
     @override
-    def on_federation_start(self, server: Federation) -> None:
+    def on_federation_start(self, server: ServerView) -> None:
         cfg = server.config
         if cfg.mode != "federated" or cfg.topology != "star" or len(server.groups) != 1:
             raise PreconditionError("SecureAggregation needs one global model (federation.topology=star, one group)")
@@ -138,7 +136,7 @@ class SecureAggregation(FederatedCallback):
             )
         private = set().union(*(cb.private_keys(server.module) for cb in server.callbacks))
         self._names = masked_names(server.groups[0].state, private)
-        self._session = server.run_dir.path.name if server.run_dir is not None else ""
+        self._session = server.run_path.name if server.run_path is not None else ""
         if self.scheme == "secaggplus":
             if "secaggplus" not in getattr(server.transport, "secure_aggregation", ()):
                 raise PreconditionError(
@@ -153,14 +151,14 @@ class SecureAggregation(FederatedCallback):
             self.public_keys = {c: str(answers[c]) for c in ids}
 
     @override
-    def on_round_start(self, server: Federation, round_idx: int, selected: list[str]) -> None:
+    def on_round_start(self, server: ServerView, round_idx: int, selected: list[str]) -> None:
         self._round, self._selected, self._uploads = round_idx, list(selected), {}
         # the weights the Federation gives the replies (public: the server knows every client's sample count)
         counts = [server.num_samples(c, server.groups[0]) for c in selected]
         self._weights = dict(zip(selected, aggregation_weights(counts, server.config.aggregation)))
 
     @override
-    def configure_task(self, server: Federation, task: Task) -> None:
+    def configure_task(self, server: ServerView, task: Task) -> None:
         if self.scheme == "secaggplus":
             weight = self._weights[task.client_id]
             self.put_payload(task, {"weight": weight, secagg.SECAGGPLUS_SETTINGS: dict(self.secaggplus)})
@@ -176,7 +174,7 @@ class SecureAggregation(FederatedCallback):
         )
 
     @override
-    def on_reply(self, server: Federation, task: Task, reply: Reply, weight: float) -> None:
+    def on_reply(self, server: ServerView, task: Task, reply: Reply, weight: float) -> None:
         if self.scheme == "secaggplus":  # the update is in the transport's masked sum, not in the reply
             if reply.state or secagg.SECAGGPLUS_UPDATE in (self.get_payload(reply) or {}):
                 raise ValueError(f"SecureAggregation: client {reply.client_id!r}'s update reached the server unmasked")
@@ -193,7 +191,7 @@ class SecureAggregation(FederatedCallback):
         self._uploads[reply.client_id] = upload
 
     @override
-    def on_mean(self, server: Federation, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
+    def on_mean(self, server: ServerView, group: ModelGroup, previous: StateDict, averaged: StateDict) -> StateDict:
         missing = [c for c in self._selected if c not in self._uploads]
         if self.scheme == "secaggplus":
             # Σ p_i Δ_i over the clients that answered (SecAgg+ recovered the masks of those that dropped)
@@ -223,7 +221,7 @@ class SecureAggregation(FederatedCallback):
         return out
 
     @override
-    def summary_entries(self, server: Federation) -> dict[str, Any]:
+    def summary_entries(self, server: ServerView) -> dict[str, Any]:
         if self.scheme == "secaggplus":
             return {"secure_aggregation": {"scheme": self.scheme, **self.secaggplus}}
         return {"secure_aggregation": {"bits": self.bits, "clients_with_keys": len(self.public_keys)}}
@@ -249,7 +247,7 @@ class SecureAggregation(FederatedCallback):
     def on_upload(self, ctx: ClientContext, reply: Reply) -> None:
         task = ctx.payload
         if self.scheme == "secaggplus" and task is not None and ctx.received is not None:
-            names = masked_names(ctx.received, ctx.runtime.private_keys)
+            names = masked_names(ctx.received, ctx.private_keys)
             update = flat_update(reply.state, ctx.received, names) * float(task["weight"])
             self.put_payload(reply, {secagg.SECAGGPLUS_UPDATE: update})  # the site hands it to Flower's mod
             reply.state = {}
@@ -262,7 +260,7 @@ class SecureAggregation(FederatedCallback):
         peers = {c: bytes.fromhex(k) for c, k in task["peers"].items()}
         if ctx.client_id not in peers:
             raise ValueError(f"SecureAggregation: client {ctx.client_id!r} is not among the round's peers")
-        names = masked_names(ctx.received, ctx.runtime.private_keys)
+        names = masked_names(ctx.received, ctx.private_keys)
         update = flat_update(reply.state, ctx.received, names) * float(task["weight"])
         bits = int(task["bits"])
         mask = secagg.client_mask(

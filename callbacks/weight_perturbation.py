@@ -14,7 +14,7 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.sharpness import perturb, restore
 
 if TYPE_CHECKING:
-    from fl_lightning.runtime import ClientRuntime
+    from fl_lightning.callback import RuntimeView
 
 METHOD = "WeightPerturbation"
 
@@ -70,7 +70,7 @@ class WeightPerturbation(FederatedCallback):
             raise PreconditionError(f"{METHOD} needs a module with training_loss(batch) (a ClientModule)")
 
     @override
-    def on_runtime_start(self, runtime: ClientRuntime) -> None:
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
         # Loud before the first round: the same checks as at each fit start, without waiting for a Trainer fit.
         single_optimizer(runtime.module, METHOD)
         self.check(runtime.trainer, runtime.module)

@@ -21,7 +21,8 @@ class ClientSplit:
     """One client's data, already partitioned, styled and split.
 
     Attributes:
-        client_id: The client's id (e.g. ``"site0"``).
+        client_id: Unique id of the client (e.g. ``"site0"``; never ``"__pooled__"``); keys its loaders and seeds
+            its sampler.
         train_x: Training images, float32 (N, C, H, W) in [0, 1].
         train_y: Training labels, int64 (N,), or segmentation masks, int64 (N, H, W) of class ids.
         test_x: Test images, float32 (M, C, H, W) in [0, 1].
@@ -202,7 +203,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     @property
     def client_ids(self) -> list[str]:
-        """Client ids in client order."""
+        """Ids of every client, in the order :meth:`_load` returned them (the first access loads the data)."""
         return list(self._ensure_loaded())
 
     @property
@@ -213,12 +214,12 @@ class FederatedDataModule(L.LightningDataModule):
 
     @property
     def in_channels(self) -> int:
-        """Image channels."""
+        """Channels C of every image (all clients share one image shape)."""
         return int(self._first().train_x.shape[1])
 
     @property
     def image_size(self) -> tuple[int, int]:
-        """Image (height, width)."""
+        """``(height, width)`` of every image in pixels (all clients share one image shape)."""
         x = self._first().train_x
         return int(x.shape[2]), int(x.shape[3])
 
@@ -229,7 +230,7 @@ class FederatedDataModule(L.LightningDataModule):
         """Returns a client's cached tensors (do not modify them in place).
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
 
         Returns:
             The client's :class:`ClientSplit`.
@@ -247,10 +248,13 @@ class FederatedDataModule(L.LightningDataModule):
         """Number of training samples of a client (its FedAvg weight).
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
 
         Returns:
-            The count.
+            The length of the client's training set (images, not pixels, for segmentation).
+
+        Raises:
+            KeyError: If the client id is unknown.
 
         """
         return len(self.client_data(client_id).train_y)
@@ -259,10 +263,13 @@ class FederatedDataModule(L.LightningDataModule):
         """Number of test samples of a client.
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
 
         Returns:
-            The count.
+            The length of the client's test set (images, not pixels, for segmentation).
+
+        Raises:
+            KeyError: If the client id is unknown.
 
         """
         return len(self.client_data(client_id).test_y)
@@ -271,13 +278,14 @@ class FederatedDataModule(L.LightningDataModule):
         """Per-class sample counts of a client.
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
             split: ``"train"`` or ``"test"``.
 
         Returns:
             An int64 tensor of shape (num_classes,): images per class, or pixels per class for segmentation masks.
 
         Raises:
+            KeyError: If the client id is unknown.
             ValueError: If ``split`` is not ``"train"`` or ``"test"``.
 
         """
@@ -319,7 +327,7 @@ class FederatedDataModule(L.LightningDataModule):
         exactly ``steps * batch_size`` samples (wrapping over the data as needed), so exactly ``steps`` batches.
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
             steps: Number of batches per pass; ``None`` means one epoch over the client's data.
 
         Returns:
@@ -342,7 +350,7 @@ class FederatedDataModule(L.LightningDataModule):
         subset's batches depend only on its seed and pass count, like a client's full loader.
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
             indices: int64 indices into the client's training set.
             sampler: The subset's persistent sampler (``data_len == len(indices)``).
             steps: Number of batches per pass; ``None`` means one epoch over the subset.
@@ -351,6 +359,7 @@ class FederatedDataModule(L.LightningDataModule):
             A DataLoader over ``(train_x[indices], train_y[indices])``.
 
         Raises:
+            KeyError: If the client id is unknown.
             ValueError: If the sampler's length differs from the subset's or ``steps`` is not positive.
 
         """
@@ -371,13 +380,16 @@ class FederatedDataModule(L.LightningDataModule):
         )
 
     def client_test_loader(self, client_id: str) -> DataLoader:
-        """Unshuffled test loader of one client, yielding ``(x, y)`` batches.
+        """Unshuffled test loader of one client, yielding ``(x, y)`` batches of ``eval_batch_size``.
 
         Args:
-            client_id: The client's id.
+            client_id: One of :attr:`client_ids`.
 
         Returns:
-            A DataLoader over the client's test set.
+            A DataLoader over the client's test set, in its stored order.
+
+        Raises:
+            KeyError: If the client id is unknown.
 
         """
         data = self.client_data(client_id)
@@ -409,7 +421,7 @@ class FederatedDataModule(L.LightningDataModule):
         """Unshuffled loader over all clients' test sets concatenated, in client order.
 
         Returns:
-            A DataLoader.
+            A DataLoader of ``(x, y)`` batches of ``eval_batch_size`` (the concatenation is built on each call).
 
         """
         return self._eval_loader(*self._pooled_tensors("test"))

@@ -1,6 +1,6 @@
 """The on-disk layout of a node's generated data (FedER's generators and buffers): names, digest, reader.
 
-Written by the core (:mod:`fl_lightning.generator_store`), read by FedER and by the synthetic-data baselines
+Written by the core (:mod:`callbacks.feder.generator_store`), read by FedER and by the synthetic-data baselines
 (:class:`datamodules.synthetic.SyntheticFederated`); this reading half lives in the data layer so that
 datamodules import nothing of the core.
 """
@@ -33,7 +33,7 @@ def data_digest(images: Tensor, labels: Tensor) -> str:
 
 
 def load_node_gan(path: Path) -> dict[str, Any]:
-    """Read what :func:`fl_lightning.generator_store.save_node_gan` wrote (``weights_only=True``).
+    """Read what :func:`callbacks.feder.generator_store.save_node_gan` wrote (``weights_only=True``).
 
     Raises:
         FileNotFoundError: If the file is missing.

@@ -36,7 +36,7 @@ import torch
 
 from callbacks import ExperienceReplay
 from datamodules import SyntheticFederated
-from fl_lightning import Federation
+from fl_lightning import Federation, local_federation
 from fl_lightning.cli import build_cli, config_yaml
 
 STAR = ["--federation.topology=star", "--trainer.callbacks=[]"]
@@ -60,7 +60,7 @@ def node_matrix(fed: Federation) -> dict[str, dict[str, float]]:
     module, group, ids = fed.module, fed.groups[0], fed.data.client_ids
     out = {}
     for holder in ids:
-        module.load_state_dict({**group.state, **fed.private.get((group.name, holder), {})})
+        module.load_state_dict({**group.state, **fed.transport.private.get((group.name, holder), {})})
         out[holder] = {t: module.evaluate(fed.data.client_test_loader(t), fed.device)["acc"] for t in ids}
     return out
 
@@ -81,7 +81,9 @@ def run_one(
         if isinstance(cb, ExperienceReplay) and generators is not None:
             cb.generators_from = str(generators)  # the GAN phase ran once, in the first FedER run
     config_text = config_yaml(cli.parser, cli.config)  # config.yaml: what the privacy audit rebuilds
-    fed = Federation(cli.config_init["federation"], cli.model, data, cli.trainer, seed=seed, config_text=config_text)
+    fed = local_federation(
+        cli.config_init["federation"], cli.model, data, cli.trainer, seed=seed, config_text=config_text
+    )
     start = time.perf_counter()
     fed.run()
     matrix = node_matrix(fed)
@@ -154,7 +156,7 @@ def main() -> None:
                   f"({result['seconds']:.0f}s)", flush=True)  # fmt: skip
         text = table(saved["runs"], saved["gan_seconds"])
         if args.audit_real:
-            from callbacks.privacy_audit import audit
+            from callbacks.feder.privacy_audit import audit
 
             start = time.perf_counter()
             found = audit(gan_run, out=Path(tmp) / "audit", max_real=args.audit_real)  # trains the α = 0 reference

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from callbacks import AmplitudeNormalization, FedBN, FedProx, WeightPerturbation  # noqa: E402
 from datamodules import DigitsFederated, DigitsSegFederated  # noqa: E402
-from fl_lightning import Federation, FederationConfig  # noqa: E402
+from fl_lightning import FederationConfig, local_federation  # noqa: E402
 from fl_lightning.cli import TRAINER_DEFAULTS  # noqa: E402
 from fl_lightning.clients import ClassificationClient, SegmentationClient  # noqa: E402
 
@@ -78,7 +78,7 @@ def run_one(method: str, task: str, seed: int, rounds: int, out: Path) -> dict:
     model, data = build(task, seed)
     trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False, "callbacks": METHODS[method]()})
     cfg = FederationConfig(rounds=rounds, output_dir=str(out), progress=False, plots=False, checkpoint_every=0)
-    fed = Federation(cfg, model, data, trainer, seed=seed)
+    fed = local_federation(cfg, model, data, trainer, seed=seed)
     start = time.perf_counter()
     summary = fed.run()
     metric = TASKS[task]

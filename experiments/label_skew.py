@@ -28,7 +28,7 @@ import torch
 
 from callbacks import ClassifierShift, FedNova, FedOpt, FedProx, Moon, Reweighting, Scaffold
 from datamodules import DigitsFederated
-from fl_lightning import ClassificationClient, Federation, FederationConfig
+from fl_lightning import ClassificationClient, FederationConfig, local_federation
 from fl_lightning.cli import TRAINER_DEFAULTS
 
 METHODS: dict[str, Callable[[], list[L.Callback]]] = {
@@ -62,7 +62,7 @@ def run_one(method: str, setting: str, seed: int, rounds: int, out: Path) -> dic
         rounds=rounds, clients_per_round=per_round, output_dir=str(out), progress=False, plots=False,
         checkpoint_every=0,
     )  # fmt: skip
-    fed = Federation(cfg, model, data, trainer, seed=seed)
+    fed = local_federation(cfg, model, data, trainer, seed=seed)
     start = time.perf_counter()
     summary = fed.run()
     curve = [row["eval/pooled/acc"] for row in fed.run_dir.round_rows]

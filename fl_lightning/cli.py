@@ -9,6 +9,7 @@ import re
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,14 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from datamodules.base import FederatedDataModule
-from fl_lightning.checkpoint import rng_state, set_rng_state
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.engines import distributed
-from fl_lightning.federation import Federation
-from fl_lightning.run_dir import json_safe
+from fl_lightning.engines.local import local_federation
+from fl_lightning.outputs.checkpoint import rng_state, set_rng_state
+from fl_lightning.outputs.run_dir import json_safe
 from fl_lightning.runtime import ClientRuntime
+from fl_lightning.server.federation import Federation
 
 # main() passes the command line to LightningCLI itself (the ranks and the serialized runtime add to it): intended.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -66,7 +68,7 @@ def build_cli(args: list[str] | None = None, log: bool = True) -> FederatedCLI:
     """Parse ``args`` (or ``sys.argv``) and instantiate everything; errors name the offending key.
 
     ``log=False`` (a Flower site, which logs nothing) makes "no logger" the Trainer's default: resolving the
-    default W&B logger's type hints imports ``wandb`` (≈ 0.5 s), even when ``--trainer.logger=false`` follows.
+    default W&B logger's type hints imports ``wandb``, even when ``--trainer.logger=false`` follows.
     """
     return FederatedCLI(
         model_class=ClientModule,
@@ -150,7 +152,7 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
             set_rng_state(saved)
         return ClientRuntime(own.model, own.datamodule, own.trainer, own.config_init["federation"], seed)
 
-    return _federation(cli, runtime_factory=runtime_factory).run()
+    return _federation(cli, local_federation, runtime_factory=runtime_factory).run()
 
 
 def _build(argv: list[str]) -> FederatedCLI:
@@ -169,13 +171,14 @@ def config_yaml(parser: LightningArgumentParser, config: Any) -> str:
 
     jsonargparse leaves ``None`` out by default, and a left-out key does not reproduce the run: re-parsed, a
     class argument takes what the parser's defaults or an earlier class held there (MedMNIST's ``channels: null``
-    came back as the default digits' ``channels: 1``).
+    would come back as the default digits' ``channels: 1``).
     """
     return parser.dump(config, skip_check=True, skip_none=False)
 
 
-def _federation(cli: FederatedCLI, **kwargs: Any) -> Federation:
-    return Federation(
+def _federation(cli: FederatedCLI, make: Callable[..., Federation] = Federation, **kwargs: Any) -> Federation:
+    """The run's server from the instantiated config: ``make`` is the Federation or one that builds its transport."""
+    return make(
         cli.config_init["federation"],
         module=cli.model,
         datamodule=cli.datamodule,

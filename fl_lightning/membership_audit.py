@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.sampler import stable_seed
-from fl_lightning.checkpoint import CHECKPOINT_DIR, find_last_checkpoint, list_checkpoints
-from fl_lightning.run_dir import claim, release, write_json
+from fl_lightning.outputs.checkpoint import CHECKPOINT_DIR, find_last_checkpoint, list_checkpoints
+from fl_lightning.outputs.run_dir import claim, release, write_json
 
 SUMMARY_KEY = "membership_audit"
 ATTACKS = ("loss", "class_calibrated")
@@ -271,7 +271,7 @@ def client_states(state: dict[str, Any], client_ids: list[str], model: str) -> d
     Raises:
         ValueError: If a client trains in several groups (sample-level groups) or in none.
     """
-    from fl_lightning.runtime import POOLED  # centralised training's one pseudo-client trains the model
+    from fl_lightning.wire.protocol import POOLED  # centralised training's one pseudo-client trains the model
 
     groups = state["groups"]
     private = state.get("runtime", {}).get("private", {})  # client -> group -> state
@@ -393,7 +393,7 @@ def write_summary_entry(run: Path, entry: dict[str, Any]) -> None:
 
     Raises:
         FileNotFoundError: If the run has no ``summary.json`` (it is written when a run finishes).
-        fl_lightning.run_dir.RunDirectoryInUse: If a live run holds the directory (it rewrites summary.json).
+        fl_lightning.outputs.run_dir.RunDirectoryInUse: If a live run holds the directory (it rewrites summary.json).
     """
     path = run / "summary.json"
     if not path.is_file():

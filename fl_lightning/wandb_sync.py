@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Written into the run directory by fl_lightning.tracking: one entry per offline W&B part of the run.
+# Written into the run directory by fl_lightning.outputs.tracking: one entry per offline W&B part of the run.
 RECORD = "wandb_offline_parts.json"
 TRIMMED = "fl_lightning-trimmed"  # under the wandb folder: one level too deep for a plain `wandb sync <wandb dir>`
 COMMAND = "python -m fl_lightning.wandb_sync"
@@ -188,7 +188,7 @@ def load_part(file: Path) -> Part | None:
 
 def record_part(run_dir: Path, file: Path, run_id: str) -> None:
     """Add an offline W&B part to the run directory's :data:`RECORD` (relative when inside it: runs get moved)."""
-    from fl_lightning.run_dir import atomic_write_text
+    from fl_lightning.outputs.run_dir import atomic_write_text
 
     path = Path(run_dir) / RECORD
     parts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from datamodules import DigitsFederated
-from fl_lightning import ClassificationClient, Federation, FederationConfig
+from fl_lightning import ClassificationClient, Federation, FederationConfig, local_federation
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.selection import select_clients
+from fl_lightning.server.selection import select_clients
 
 torch.set_num_threads(1)
 
@@ -55,7 +55,7 @@ def build_federation(
     model = model or tiny_model(data, **(model_kwargs or {}))
     trainer_args = {**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False, "callbacks": list(callbacks)}
     cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "quiet": True, "plots": False, **config})
-    return Federation(cfg, model, data, L.Trainer(**trainer_args), seed=0)
+    return local_federation(cfg, model, data, L.Trainer(**trainer_args), seed=0)
 
 
 def reference_sgd(

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from fl_lightning.cli import main
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from tests.anchors.runs import describe
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fl_lightning.clients.base import ClientModule
+from fl_lightning.clients.metrics import classification_metrics
 from fl_lightning.clients.optim import build_optimizer
-from fl_lightning.metrics import classification_metrics
 from fl_lightning.models import build_classifier
 from fl_lightning.models.cnn import NormKind
 

@@ -12,15 +12,15 @@ from torchmetrics.classification import MulticlassJaccardIndex
 
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.clients.optim import build_optimizer
-from fl_lightning.models.segmenters import build_segmenter
-from fl_lightning.models.unet import SegNormKind
-from fl_lightning.segmentation_metrics import (
+from fl_lightning.clients.segmentation_metrics import (
     pixel_confusion,
     segmentation_metrics,
     soft_dice_from_sums,
     soft_dice_loss,
     soft_dice_sums,
 )
+from fl_lightning.models.segmenters import build_segmenter
+from fl_lightning.models.unet import SegNormKind
 
 
 class SegmentationClient(ClientModule):

@@ -1,9 +1,9 @@
 """Simulation across processes and GPUs on torch.distributed: the clients are sharded over ranks.
 
-Rank 0 is the server (the :class:`~fl_lightning.federation.Federation`, the run directory, the loggers) and
+Rank 0 is the server (the :class:`~fl_lightning.server.federation.Federation`, the run directory, the loggers) and
 also hosts a shard of the clients; every other rank runs :func:`serve`, a loop that answers the server's
 messages with its own :class:`~fl_lightning.runtime.ClientRuntime`. Messages are our encoded tasks and
-replies (:mod:`fl_lightning.protocol`), sent as uint8 tensors over the gloo backend (CPU tensors; NCCL cannot
+replies (:mod:`fl_lightning.wire.protocol`), sent as uint8 tensors over the gloo backend (CPU tensors; NCCL cannot
 send those, so a CUDA run keeps gloo for the messages). Per batch of tasks the server sends every rank its
 share first, handles its own, then collects the replies and hands them on in task order, so results do not
 depend on the number of ranks.
@@ -23,11 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from typing_extensions import override
 
-from fl_lightning import protocol
-from fl_lightning.protocol import Reply, Task
-from fl_lightning.runtime import POOLED, ClientRuntime
-from fl_lightning.transport import Transport
+from fl_lightning.runtime import ClientRuntime
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import POOLED, Reply, Task
+from fl_lightning.wire.transport import Transport
 
 # Environment variables torchrun sets; Lightning would read them as a request for its own multi-process
 # training, so each rank hides them from its (single-device) Trainer once the process group is up.
@@ -173,8 +174,8 @@ class DistributedTransport(Transport):
     name = "distributed"
 
     def __init__(self, runtime: ClientRuntime, owner: dict[str, int], world_size: int) -> None:
-        super().__init__(runtime)
-        self.owner, self.world_size = owner, world_size
+        super().__init__()
+        self.runtime, self.owner, self.world_size = runtime, owner, world_size
         self._seconds = [0.0] * world_size
         self._samples = [0] * world_size
 
@@ -209,10 +210,12 @@ class DistributedTransport(Transport):
     def _broadcast(self, op: str, **fields: Any) -> dict[int, Any]:
         return self._exchange({r: {"op": op, **fields} for r in range(1, self.world_size)})
 
-    def request(self, task: Task) -> Reply:  # noqa: D102
+    @override
+    def request(self, task: Task) -> Reply:
         return next(self.stream([task]))
 
-    def stream(self, tasks: list[Task]) -> Iterator[Reply]:  # noqa: D102
+    @override
+    def stream(self, tasks: list[Task]) -> Iterator[Reply]:
         remote: dict[int, list[int]] = {}
         local: list[int] = []
         for i, task in enumerate(tasks):
@@ -250,7 +253,8 @@ class DistributedTransport(Transport):
         if task.kind == protocol.FIT and reply.error is None:
             self._samples[rank] += reply.num_samples * (task.epochs if task.steps is None else 1)
 
-    def take_round_metrics(self) -> dict[str, float]:  # noqa: D102
+    @override
+    def take_round_metrics(self) -> dict[str, float]:
         out = {
             f"throughput/rank{r}/samples_per_s": (self._samples[r] / self._seconds[r]) if self._seconds[r] else 0.0
             for r in range(self.world_size)
@@ -260,20 +264,24 @@ class DistributedTransport(Transport):
         return out
 
     # ------------------------------------------------------------------ runtime control
-    def prepare(self) -> None:  # noqa: D102
+    @override
+    def prepare(self) -> None:
         self.runtime.prepare()
         self._broadcast("prepare")
 
-    def start(self, workdir: Any) -> None:  # noqa: D102
+    @override
+    def start(self, workdir: Any) -> None:
         self.runtime.start(workdir)
         self._broadcast("start", workdir=str(workdir) if workdir is not None else None)
 
-    def runtime_state(self) -> dict[str, Any]:  # noqa: D102
+    @override
+    def runtime_state(self) -> dict[str, Any]:
         answers = self._broadcast("state")
         states = [_answer_field(answers[r], r, "state", dict) for r in sorted(answers)]
         return merge_runtime_states([self.runtime.state_dict(), *states])
 
-    def load_runtime_state(self, state: dict[str, Any]) -> None:  # noqa: D102
+    @override
+    def load_runtime_state(self, state: dict[str, Any]) -> None:
         self.runtime.load_state_dict(split_runtime_state(state, self.owner, 0))
         self._exchange(
             {r: {"op": "load", "state": split_runtime_state(state, self.owner, r)} for r in range(1, self.world_size)}

@@ -10,7 +10,7 @@ run config of their own, for ``flwr.simulation.run_simulation`` (:mod:`fl_lightn
 
 **Wire format** (:mod:`fl_lightning.engines.flower_wire`). Every task and reply is our protocol's encoding (a
 JSON header plus raw tensor bytes,
-:mod:`fl_lightning.protocol`) carried whole as one ``uint8`` :class:`flwr.app.Array` (``stype`` =
+:mod:`fl_lightning.wire.protocol`) carried whole as one ``uint8`` :class:`flwr.app.Array` (``stype`` =
 ``fl_lightning.message``) in the ``ArrayRecord`` ``"fl.msg"``; a ``ConfigRecord`` ``"fl.meta"`` carries the
 routing facts (the server's run name, the round, the oldest round a resume may need). One blob rather than
 one ``Array`` per tensor: the protocol's decoder stays the only parser of what arrives (it never unpickles,
@@ -26,7 +26,7 @@ the encoded reply (without it) travels as bytes in the ``ConfigRecord`` ``"fl.re
 **Server.** :func:`run_server` asks every connected node to describe itself (client ids and sample counts,
 the images' shape: no sample, no label), builds the model, Trainer and callbacks from the same YAML with
 :class:`~fl_lightning.engines.flower_data.DescribedClients` in place of the data, and runs the unchanged
-:class:`~fl_lightning.federation.Federation` over a :class:`FlowerTransport`. The run directory is the
+:class:`~fl_lightning.server.federation.Federation` over a :class:`FlowerTransport`. The run directory is the
 simulation's (config, metrics, rounds, summary, curves, W&B offline run, server checkpoints) except
 ``partition.png``: the server does not know the sites' label distributions.
 
@@ -48,8 +48,8 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
+from typing_extensions import override
 
-from fl_lightning import protocol
 from fl_lightning.engines import flower_secagg as secaggplus
 from fl_lightning.engines.flower_site import SiteSettings, site_for
 from fl_lightning.engines.flower_wire import (
@@ -63,9 +63,10 @@ from fl_lightning.engines.flower_wire import (
     unpack,
 )
 from fl_lightning.errors import PreconditionError
-from fl_lightning.heap import import_long_lived
-from fl_lightning.protocol import Reply, Task
-from fl_lightning.transport import Transport
+from fl_lightning.startup.heap import import_long_lived
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import Reply, Task
+from fl_lightning.wire.transport import Transport
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project (or the installed FAB) holding configs/
 # Run config keys ([tool.flwr.app.config] in pyproject.toml, or `flwr run . -c 'key=value'`).
@@ -105,7 +106,7 @@ class FlowerTransport(Transport):
     simulation = False  # real sites: no test predictions leave them (see Federation.evaluate)
 
     def __init__(self, grid: Grid, timeout: float = 3600.0, keep_checkpoints: int = 2, poll: float = 0.05) -> None:
-        super().__init__(runtime=None)  # type: ignore[arg-type]  # the runtimes live on the sites
+        super().__init__()  # the runtimes live on the sites
         self.grid, self.timeout, self.keep, self.poll = grid, timeout, keep_checkpoints, poll
         self.routes: dict[str, int] = {}  # client id -> node id
         self.descriptions: dict[int, dict[str, Any]] = {}  # node id -> its description
@@ -208,7 +209,8 @@ class FlowerTransport(Transport):
                 time.sleep(self.poll)
         return [out[i] for i in range(len(ids))]
 
-    def request(self, task: Task) -> Reply:  # noqa: D102
+    @override
+    def request(self, task: Task) -> Reply:
         return next(iter(self.stream([task])))
 
     def stream(self, tasks: list[Task]) -> Iterator[Reply]:
@@ -398,7 +400,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
             )
     importer.join()
     from fl_lightning.cli import build_cli, config_yaml
-    from fl_lightning.federation import Federation
+    from fl_lightning.server.federation import Federation
 
     data_args = [
         "--data=fl_lightning.engines.flower_data.DescribedClients",
@@ -428,7 +430,7 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
 
 def import_server() -> None:
     """What the server builds its Federation with (Lightning; out of the collector's way, see heap.py)."""
-    import_long_lived("fl_lightning.cli", "fl_lightning.federation")
+    import_long_lived("fl_lightning.cli", "fl_lightning.server.federation")
 
 
 def make_server_app(

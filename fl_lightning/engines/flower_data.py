@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
+from typing_extensions import override
 
 from datamodules.base import ClientSplit, FederatedDataModule
 
@@ -37,36 +38,46 @@ class DescribedClients(FederatedDataModule):
         raise RuntimeError("the server of a Flower deployment holds no data; only the sites' descriptions")
 
     @property
-    def client_ids(self) -> list[str]:  # noqa: D102
+    @override
+    def client_ids(self) -> list[str]:
         return list(self._sizes)
 
     @property
-    def num_classes(self) -> int:  # noqa: D102
+    @override
+    def num_classes(self) -> int:
         return int(self.description["num_classes"])
 
     @property
-    def in_channels(self) -> int:  # noqa: D102
+    @override
+    def in_channels(self) -> int:
         return int(self.description["in_channels"])
 
     @property
-    def image_size(self) -> tuple[int, int]:  # noqa: D102
+    @override
+    def image_size(self) -> tuple[int, int]:
         h, w = self.description["image_size"]
         return int(h), int(w)
 
-    def num_train_samples(self, client_id: str) -> int:  # noqa: D102
+    @override
+    def num_train_samples(self, client_id: str) -> int:
         return self._sizes[client_id][0]
 
-    def num_test_samples(self, client_id: str) -> int:  # noqa: D102
+    @override
+    def num_test_samples(self, client_id: str) -> int:
         return self._sizes[client_id][1]
 
-    def client_data(self, client_id: str) -> ClientSplit:  # noqa: D102
+    @override
+    def client_data(self, client_id: str) -> ClientSplit:
         raise RuntimeError(f"the server holds no data of client {client_id!r} (it lives on its site)")
 
-    def label_counts(self, client_id: str, split: str = "train") -> Tensor:  # noqa: D102
+    @override
+    def label_counts(self, client_id: str, split: str = "train") -> Tensor:
         raise RuntimeError(f"the server does not know client {client_id!r}'s labels (they stay on its site)")
 
-    def sampler_state(self) -> dict[str, int]:  # noqa: D102
+    @override
+    def sampler_state(self) -> dict[str, int]:
         return {}
 
-    def load_sampler_state(self, state: dict[str, int]) -> None:  # noqa: D102
+    @override
+    def load_sampler_state(self, state: dict[str, int]) -> None:
         pass

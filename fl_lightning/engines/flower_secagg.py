@@ -2,7 +2,8 @@
 
 **Why not Flower's ``SecAggPlusWorkflow``.** The server half of Flower 1.42's SecAgg+ is a ``ServerApp`` workflow
 bound to a ``LegacyContext`` and a legacy ``Strategy`` (``configure_fit``/``aggregate_fit``): it owns the round loop,
-which our :class:`~fl_lightning.federation.Federation` owns. Its client half, ``secaggplus_mod``, is independent of
+which our :class:`~fl_lightning.server.federation.Federation`
+owns. Its client half, ``secaggplus_mod``, is independent of
 the message's content except for three things: it acts on ``train`` messages carrying a ``ConfigRecord``
 :data:`RECORD_KEY_CONFIGS`; in its masking stage its reply must hold a legacy ``FitRes`` (``fitres.parameters``,
 ``fitres.num_examples``, ...) whose parameters it masks; and it then *clears every* ``ArrayRecord`` of the reply.

@@ -37,9 +37,9 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: one process per node is then the only safe set-up
     fcntl = None  # type: ignore[assignment]
 
-from fl_lightning import protocol
-from fl_lightning.heap import import_long_lived, long_lived
-from fl_lightning.protocol import Reply, Task
+from fl_lightning.startup.heap import import_long_lived, long_lived
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import Reply, Task
 
 if TYPE_CHECKING:
     from fl_lightning.runtime import ClientRuntime

@@ -3,7 +3,7 @@
 A task or reply travels as one ``uint8`` :class:`flwr.app.Array` (``stype`` :data:`STYPE`) in the ``ArrayRecord``
 :data:`MSG`, its routing facts in the ``ConfigRecord`` :data:`META` (:mod:`fl_lightning.engines.flower`, "Wire
 format"). What arrives is untrusted: :func:`unpack` and :func:`parse_description` check it before anything is
-decoded, and raise :class:`~fl_lightning.protocol.MessageError` naming what is wrong.
+decoded, and raise :class:`~fl_lightning.wire.protocol.MessageError` naming what is wrong.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fl_lightning import protocol
 from fl_lightning.engines import flower_secagg as secaggplus
+from fl_lightning.wire import protocol
 
 MSG, META, STYPE = "fl.msg", "fl.meta", "fl_lightning.message"
 DESCRIBE, RESTORE = "describe", "restore"

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import yaml
 
-from fl_lightning.checkpoint import find_last_checkpoint
 from fl_lightning.cli import main
+from fl_lightning.outputs.checkpoint import find_last_checkpoint
 
 ANCHOR_FILE = Path(__file__).with_name("regression_anchor.json")
 

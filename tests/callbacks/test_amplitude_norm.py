@@ -48,7 +48,7 @@ def test_layer_is_installed_as_model_state(tmp_path):
     assert layer.amplitude.shape == (1, 8, 8)
     assert {AMP, FROZEN, "input_norm.initialized"} <= set(fed.groups[0].state)
     assert "input_norm.mask" not in fed.groups[0].state  # derived, never sent
-    assert not fed.runtime.private_keys
+    assert not fed.transport.runtime.private_keys
 
 
 def test_own_amplitude_in_round_one_uniform_mean_then_frozen(tmp_path):

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from callbacks import DomainIsolation, FederatedCallback
-from callbacks.cluster_selector import predict_clusters
+from callbacks.ddi.cluster_selector import predict_clusters
 from datamodules import DigitsSegFederated
-from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.clients.segmentation import SegmentationClient
-from fl_lightning.segmentation_metrics import pixel_confusion, segmentation_metrics
+from fl_lightning.clients.segmentation_metrics import pixel_confusion, segmentation_metrics
+from fl_lightning.outputs.checkpoint import checkpoint_path
 from tests.conftest import build_federation
 
 SELECTOR = {"selector_rounds": 2, "selector_local_steps": 2, "selector_lr": 0.05}

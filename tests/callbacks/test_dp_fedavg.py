@@ -9,9 +9,9 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from callbacks import DPFedAvg
-from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.dp_fedavg import noise_seed
+from fl_lightning.outputs.checkpoint import checkpoint_path
 from tests.conftest import build_federation
 
 GROUP = {"norm": "group"}  # BatchNorm's running statistics are refused (they would leave the sites unprotected)

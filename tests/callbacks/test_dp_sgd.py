@@ -11,10 +11,10 @@ from opacus.accountants import create_accountant
 
 from callbacks import DPSGD, FederatedCallback, FedProx
 from callbacks.dp_sgd import noise_seed, poisson_seed
-from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.dp_sgd import add_steps, epsilon
-from fl_lightning.selection import select_clients
+from fl_lightning.outputs.checkpoint import checkpoint_path
+from fl_lightning.server.selection import select_clients
 from tests.conftest import build_federation, tiny_data, tiny_model
 
 LR, SIGMA, CLIP = 0.1, 0.7, 0.5

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from callbacks import ExperienceReplay, FederatedCallback
+from callbacks.feder.gan import ConditionalDiscriminator, ConditionalGenerator
+from callbacks.feder.generator_store import load_node_gan
+from callbacks.feder.private_gan import PrivateGANConfig
 from fl_lightning.errors import PreconditionError
-from fl_lightning.generator_store import load_node_gan
-from fl_lightning.models.gan import ConditionalDiscriminator, ConditionalGenerator
 from fl_lightning.ops import clone_state
-from fl_lightning.private_gan import PrivateGANConfig
-from fl_lightning.selection import random_cycle
+from fl_lightning.server.selection import random_cycle
 from tests.conftest import build_federation, tiny_data
 
 GAN = PrivateGANConfig(epochs=2, batch_size=8, privacy_pairs=4)  # 8 steps per node on 32 images
@@ -106,10 +106,12 @@ def test_feder_joins_real_batches_with_the_predecessors_buffer_and_passes_models
                 assert torch.equal(y[b:], buffer.labels[idx])
                 torch.testing.assert_close(w, torch.tensor([1 / b] * b + [lam / b] * b))
     last = predecessors(ids, rounds - 1)
-    held = {node: states[er.state_key]["received"]["from"] for node, states in fed.runtime.callback_states.items()}
+    held = {
+        node: states[er.state_key]["received"]["from"] for node, states in fed.transport.runtime.callback_states.items()
+    }
     assert held == last  # after the last round each node holds its predecessor's buffer...
     for node in ids:  # ...and its predecessor's model
-        assert equal_states(fed.private[("global", node)], rec.uploads[(rounds - 1, last[node])])
+        assert equal_states(fed.transport.private[("global", node)], rec.uploads[(rounds - 1, last[node])])
 
 
 def test_feder_a_keeps_models_home_while_latent_buffers_travel(tmp_path, generators):
@@ -127,7 +129,7 @@ def test_feder_a_keeps_models_home_while_latent_buffers_travel(tmp_path, generat
             for x, y, _ in rec.batches[(r, node)]:
                 assert rows_in(x[len(y) // 2 :], stored, atol=1e-5).all()  # generated on the fly = the pool's images
     for node in ids:
-        assert equal_states(fed.private[("global", node)], rec.uploads[(rounds - 1, node)])
+        assert equal_states(fed.transport.private[("global", node)], rec.uploads[(rounds - 1, node)])
 
 
 def test_feder_b_never_shows_the_classifier_a_real_image_yet_trains(tmp_path, generators):
@@ -164,12 +166,12 @@ def test_resume_mid_federation_is_exact_without_training_the_gans_again(tmp_path
     def no_training(*args, **kwargs):
         raise AssertionError("the GANs were trained again on resume")
 
-    monkeypatch.setattr("callbacks.experience_replay.train_node_gan", no_training)
+    monkeypatch.setattr("callbacks.feder.experience_replay.train_node_gan", no_training)
     resumed = build_federation(tmp_path, [replay()], rounds=3, run_name="part", resume="last", **P2P)
     summary = resumed.run()
     assert saved == {p.name: p.read_bytes() for p in (tmp_path / "part" / "generators").iterdir()}
     for node in resumed.data.client_ids:
-        assert equal_states(resumed.private[("global", node)], full.private[("global", node)])
+        assert equal_states(resumed.transport.private[("global", node)], full.transport.private[("global", node)])
     strip = lambda s: {k: v for k, v in s.items() if k != "run_dir"}  # noqa: E731
     assert strip(summary) == strip(full_summary)
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from callbacks import FedDyn
 from fl_lightning.ops.feddyn import client_linear_update, server_h_update, server_model
-from fl_lightning.selection import select_clients
+from fl_lightning.server.selection import select_clients
 from tests.conftest import build_federation, tiny_data, tiny_model
 
 ALPHA, LR, ROUNDS = 0.05, 0.1, 3

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from callbacks import ClassifierShift, FederatedCallback, FedNova, FedOpt, Moon, Reweighting, Scaffold
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.label_shift import inverse_prior_weights
-from fl_lightning.protocol import Task
+from fl_lightning.wire.protocol import Task
 from tests.conftest import build_federation, reference_scaffold, tiny_data, tiny_model
 
 LR = 0.1
@@ -146,7 +146,7 @@ class TermProbe(FederatedCallback):
         self.moon, self.checked = moon, 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        ctx = self.moon._ctx
+        ctx = self.moon.fit_context
         if batch_idx or "previous" not in ctx.state or "moon" not in pl_module.loss_terms:
             return
         x = batch[0]
@@ -169,7 +169,7 @@ def test_moon_term_matches_hand_computation(tmp_path):
     probe = TermProbe(moon)
     fed = run(tmp_path, "m", [moon, probe], rounds=2)
     assert probe.checked == len(fed.data.client_ids)  # every client, in its second round
-    held = {c for c, states in fed.runtime.callback_states.items() if "previous" in states[moon.state_key]}
+    held = {c for c, states in fed.transport.runtime.callback_states.items() if "previous" in states[moon.state_key]}
     assert held == set(fed.data.client_ids)
 
 
@@ -202,7 +202,7 @@ def test_reweighting_weights_the_loss(tmp_path):
     fed = build_federation(tmp_path, [rew], data=data)
     fed.setup()
     cid = data.client_ids[0]
-    rew.on_client_start(fed.runtime.context(rew, Task("fit", 0, cid, "global")), fed.module)
+    rew.on_client_start(fed.transport.runtime.context(rew, Task("fit", 0, cid, "global")), fed.module)
     x, y = next(iter(data.client_train_loader(cid)))
     weights = inverse_prior_weights(data.label_counts(cid)).float()
     expected = F.cross_entropy(fed.module(x), y, weight=weights)
@@ -219,11 +219,11 @@ def test_fedshift_shift_is_training_only_and_matches_hand(tmp_path):
     pri = {c: (v + 1) / (v.sum() + 10) for c, v in counts.items()}
     n = sum(v.sum() for v in counts.values())
     glob = sum(v.sum() * pri[c] for c, v in counts.items()) / n
-    shifts = {c: fed.runtime.callback_states[c][shift.state_key]["shift"] for c in data.client_ids}
+    shifts = {c: fed.transport.runtime.callback_states[c][shift.state_key]["shift"] for c in data.client_ids}
     for c in data.client_ids:
         torch.testing.assert_close(shifts[c].double(), pri[c].log() - glob.log(), atol=1e-6, rtol=0)
         # the client trained with its shift, but evaluation ignores it
-        assert torch.allclose(fed.private[("global", c)]["logit_adjustment"], shifts[c])
+        assert torch.allclose(fed.transport.private[("global", c)]["logit_adjustment"], shifts[c])
     module, loader = fed.module, data.client_test_loader(data.client_ids[0])
     module.load_state_dict(fed.groups[0].state)
     plain = module.evaluate(loader, torch.device("cpu"))
@@ -238,7 +238,7 @@ def test_fedshift_with_equal_priors_is_fedavg(tmp_path):
     plain = run(tmp_path, "a")
     shifted = run(tmp_path, "b", [ClassifierShift()], data=uniform_counts(tiny_data(), counts))
     key = shifted.callbacks[0].state_key
-    assert all(states[key]["shift"].abs().max() < 1e-6 for states in shifted.runtime.callback_states.values())
+    assert all(states[key]["shift"].abs().max() < 1e-6 for states in shifted.transport.runtime.callback_states.values())
     assert_states_close(plain.groups[0].state, shifted.groups[0].state, atol=1e-5, keys=net_keys(plain.groups[0].state))
 
 
@@ -255,7 +255,7 @@ def test_resume_mid_run_is_exact(tmp_path, make):
     assert_states_close(full.groups[0].state, resumed.groups[0].state)
     # the server half's state and every client's private state of the method (kept by the runtime)
     a, b = ({"server": f.callbacks[0].state_dict(), "clients": {c: st[f.callbacks[0].state_key]
-            for c, st in f.runtime.callback_states.items()}} for f in (full, resumed))  # fmt: skip
+            for c, st in f.transport.runtime.callback_states.items()}} for f in (full, resumed))  # fmt: skip
     flat = lambda d: {f"{k}/{k2}": v for k, inner in d.items() for k2, v in _flatten(inner).items()}  # noqa: E731
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys() and fa

@@ -163,10 +163,10 @@ def test_callbacks_are_restored_when_fine_tuning_fails(tmp_path, monkeypatch):
     callbacks = fed.trainer.callbacks
 
     def broken_fit(*args, **kwargs):
-        assert cb not in fed.trainer.callbacks and fed.runtime.fitter.probe in fed.trainer.callbacks
+        assert cb not in fed.trainer.callbacks and fed.transport.runtime.fitter.probe in fed.trainer.callbacks
         raise PreconditionError("no")
 
-    monkeypatch.setattr(fed.runtime.fitter, "fit", broken_fit)
+    monkeypatch.setattr(fed.transport.runtime.fitter, "fit", broken_fit)
     with pytest.raises(PreconditionError):
         cb.extra_evaluation(fed)
     assert fed.trainer.callbacks is callbacks and cb in callbacks

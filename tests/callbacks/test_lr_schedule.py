@@ -128,7 +128,7 @@ def test_kept_optimizer_state_does_not_bring_back_an_old_learning_rate(tmp_path)
     fed.run()
     assert_scheduled(recorder, 3, lambda r: 0.5**r)
     # the momentum buffers really were kept (and restored: each client's state is from its last fit)
-    states = list(fed.optimizer_states.values())
+    states = list(fed.transport.optimizer_states.values())
     assert len(states) == 3 and all(s["state"] and "momentum_buffer" in s["state"][0] for s in states)
     assert all(s["param_groups"][0]["lr"] == pytest.approx(LR * 0.25) for s in states)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from callbacks.privacy_audit import audit_node
-from callbacks.privacy_audit import main as audit_main
+from callbacks.feder.perceptual import PerceptualDistance
+from callbacks.feder.privacy_audit import audit_node
+from callbacks.feder.privacy_audit import main as audit_main
 from fl_lightning.cli import main as train_main
-from fl_lightning.models.perceptual import PerceptualDistance
 
 
 class Memoriser(nn.Module):

@@ -11,9 +11,9 @@ import torch
 import callbacks.secure_aggregation as secure_aggregation
 from callbacks import DPFedAvg, FedBN, FederatedCallback, FedOpt, Scaffold, SecureAggregation
 from callbacks.secure_aggregation import flat_update, masked_names
-from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import secagg
+from fl_lightning.outputs.checkpoint import checkpoint_path
 from tests.conftest import build_federation, tiny_data, tiny_model
 
 IDS = ["a", "b", "c", "d"]
@@ -94,7 +94,7 @@ class Spy(FederatedCallback):
 
     def on_client_end(self, ctx, module, reply):
         weight = ctx.task.payloads["SecureAggregation"]["weight"]
-        names = masked_names(ctx.received, ctx.runtime.private_keys)
+        names = masked_names(ctx.received, ctx.private_keys)
         update = flat_update(reply.state, ctx.received, names) * weight
         self.plain[ctx.round, ctx.client_id] = torch.round(update * 2.0**BITS).to(torch.int64)
 

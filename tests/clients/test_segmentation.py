@@ -7,8 +7,13 @@ import torch
 from torch import nn
 
 from fl_lightning.clients import SegmentationClient
+from fl_lightning.clients.segmentation_metrics import (
+    dice_per_class,
+    pixel_confusion,
+    segmentation_metrics,
+    soft_dice_loss,
+)
 from fl_lightning.models.unet import UNet
-from fl_lightning.segmentation_metrics import dice_per_class, pixel_confusion, segmentation_metrics, soft_dice_loss
 
 # A hand example with 4 classes (0 = background) and one 2x4 image:
 #   target  0 0 1 1      prediction  0 1 1 1

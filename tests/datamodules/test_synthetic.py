@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from callbacks.feder.generator_store import GENERATORS_DIR, data_digest, save_node_gan
 from datamodules import SyntheticFederated
-from fl_lightning.generator_store import GENERATORS_DIR, data_digest, save_node_gan
 from tests.conftest import build_federation, tiny_data
 
 

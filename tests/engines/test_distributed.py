@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.checkpoint import checkpoint_path
 from fl_lightning.cli import main
 from fl_lightning.engines import distributed
+from fl_lightning.outputs.checkpoint import checkpoint_path
 from tests.anchors.runs import RUNS, describe, run_args
 
 REPO = Path(__file__).resolve().parents[2]

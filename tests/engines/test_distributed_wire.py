@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import protocol
 from fl_lightning.engines import distributed
 from fl_lightning.engines.distributed import DistributedTransport, RankError
-from fl_lightning.protocol import MessageError, Reply, Task
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import MessageError, Reply, Task
 
 
 def wire(monkeypatch: pytest.MonkeyPatch, size: int, body: bytes = b"") -> list[int]:

@@ -14,14 +14,14 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from fl_lightning import protocol  # noqa: E402
-from fl_lightning.checkpoint import find_last_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.engines import flower_site  # noqa: E402
 from fl_lightning.engines.flower import PRECONDITION, FlowerTransport, answer, pack, unpack  # noqa: E402
 from fl_lightning.engines.flower_site import Site, SiteSettings  # noqa: E402
 from fl_lightning.errors import PreconditionError  # noqa: E402
-from fl_lightning.protocol import Task  # noqa: E402
+from fl_lightning.outputs.checkpoint import find_last_checkpoint  # noqa: E402
+from fl_lightning.wire import protocol  # noqa: E402
+from fl_lightning.wire.protocol import Task  # noqa: E402
 from tests.engines.deployment import ROOT, Deployment  # noqa: E402
 
 TINY = [

@@ -14,11 +14,11 @@ import sys  # noqa: E402
 import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from fl_lightning import protocol  # noqa: E402
 from fl_lightning.engines import flower_sim, flower_site  # noqa: E402
 from fl_lightning.engines.flower_sim import _run_config  # noqa: E402
 from fl_lightning.engines.flower_site import DEFAULT_STATE_DIR, Site, SiteSettings, site_for  # noqa: E402
-from fl_lightning.protocol import Task  # noqa: E402
+from fl_lightning.wire import protocol  # noqa: E402
+from fl_lightning.wire.protocol import Task  # noqa: E402
 from tests.engines.deployment import ROOT  # noqa: E402
 from tests.engines.test_flower import TINY, assert_same_weights, final_state, inprocess  # noqa: E402
 

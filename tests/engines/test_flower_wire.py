@@ -18,13 +18,13 @@ pytest.importorskip("flwr", reason="the Flower engine needs the `flower` extra: 
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
 
-from fl_lightning import protocol  # noqa: E402
 from fl_lightning.engines import flower  # noqa: E402
 from fl_lightning.engines.flower import FlowerTransport  # noqa: E402
 from fl_lightning.engines.flower_site import Site, SiteSettings, read_state  # noqa: E402
 from fl_lightning.engines.flower_wire import MSG, STYPE, pack, parse_description, unpack  # noqa: E402
-from fl_lightning.protocol import MessageError, Reply, Task  # noqa: E402
 from fl_lightning.runtime import ClientRuntime  # noqa: E402
+from fl_lightning.wire import protocol  # noqa: E402
+from fl_lightning.wire.protocol import MessageError, Reply, Task  # noqa: E402
 
 DESCRIPTION = {"clients": {"site0": [40, 10]}, "batch_size": 8, "num_classes": 10, "in_channels": 1,
                "image_size": [8, 8], "seed": 0}  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from fl_lightning.metrics import classification_metrics, macro_auroc
+from fl_lightning.clients.metrics import classification_metrics, macro_auroc
 
 
 def perfectly_separated() -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,23 +9,50 @@ import pytest
 import torch
 
 from callbacks import FedBN, FedNova, FedOpt, FedProx, Scaffold
-from fl_lightning import protocol
+from fl_lightning.wire import protocol
 from tests.conftest import build_federation
 
 REPO = Path(__file__).resolve().parents[2]
 # The data layer's base interface, which the core may use (never a specific dataset).
 DATA_BASE = {"datamodules.base", "datamodules.sampler", "datamodules.files", "datamodules.generated"}
+# Method code shared by every method (not one method's): the base class's re-export and the precondition checks.
+SHARED = {"callbacks", "callbacks.base", "callbacks.preconditions"}
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module a file imports, at top level or inside functions (``from x import y`` counts as ``x``)."""
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def known_modules() -> set[str]:
+    return {module_name(p) for pkg in ("fl_lightning", "callbacks", "datamodules") for p in (REPO / pkg).rglob("*.py")}
+
+
+def imports_of(path: Path, modules: set[str] | None = None) -> set[str]:
+    """Every module a file imports, at top level, inside functions or for type hints only.
+
+    ``from x import y`` counts as ``x.y`` when that is one of ``modules`` (a submodule), else as ``x``.
+    """
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
+            subs = {f"{node.module}.{a.name}" for a in node.names} & (modules or set())
+            found.update(subs or {node.module})
+            if len(subs) < len(node.names):
+                found.add(node.module)
     return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Our modules and, for each, the modules of ours it imports."""
+    modules = known_modules()
+    graph = {}
+    for pkg in ("fl_lightning", "callbacks", "datamodules"):
+        for path in (REPO / pkg).rglob("*.py"):
+            graph[module_name(path)] = {m for m in imports_of(path, modules) if m in modules}
+    return graph
 
 
 def violations(package: str, allowed: callable) -> list[str]:
@@ -39,6 +66,10 @@ def ours(module: str) -> bool:
     return module.split(".")[0] in ("fl_lightning", "callbacks", "datamodules")
 
 
+def under(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
 def test_the_core_imports_no_method_and_no_specific_dataset():
     def allowed(m):
         return not m.startswith("callbacks") and (not m.startswith("datamodules") or m in DATA_BASE)
@@ -50,9 +81,119 @@ def test_datamodules_import_nothing_of_ours_but_themselves():
     assert violations("datamodules", lambda m: not ours(m) or m.startswith("datamodules")) == []
 
 
-def test_the_client_side_never_imports_the_server():
-    for name in ("runtime.py", "transport.py", "protocol.py"):
-        assert "fl_lightning.federation" not in imports_of(REPO / "fl_lightning" / name), name
+def test_the_contract_and_the_wire_import_neither_the_server_nor_the_runtime():
+    sides = ("fl_lightning.server", "fl_lightning.runtime", "fl_lightning.engines", "fl_lightning.outputs")
+    contract = {
+        m: deps for m, deps in import_graph().items() if m == "fl_lightning.callback" or under(m, "fl_lightning.wire")
+    }
+    bad = [f"{m} imports {i}" for m, deps in contract.items() for i in sorted(deps) if under(i, *sides)]
+    assert bad == []
+
+
+def test_the_server_imports_no_runtime_and_no_engine_not_even_through_another_module():
+    graph = import_graph()
+    assert "fl_lightning.server.federation" in graph
+    bad = []
+    for module in (m for m in graph if under(m, "fl_lightning.server")):
+        seen, todo = set(), [module]
+        while todo:  # every module the server's module loads, directly or through others (type hints included)
+            for dep in graph[todo.pop()] - seen:
+                seen.add(dep)
+                todo.append(dep)
+        bad += [
+            f"{module} reaches {m}" for m in sorted(seen) if under(m, "fl_lightning.runtime", "fl_lightning.engines")
+        ]
+    assert bad == []
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1 or v in graph.get(v, ()):
+                out.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_among_core_modules_counting_type_hints():
+    core = {
+        m: {d for d in deps if under(d, "fl_lightning")}
+        for m, deps in import_graph().items()
+        if under(m, "fl_lightning")
+    }
+    assert cycles(core) == []
+
+
+def test_the_cycle_finder_can_fail():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def method_of(module: str) -> str | None:
+    """``callbacks.<file>`` or ``callbacks.<folder>``: which method a module of ``callbacks/`` belongs to."""
+    if not module.startswith("callbacks.") or module in SHARED:
+        return None
+    return module.split(".")[1]
+
+
+def owners(graph: dict[str, set[str]]) -> dict[str, str | None]:
+    """Per core module, the one method that alone uses it (directly or through core modules only it uses), else None.
+
+    A module nothing imports (a command, an engine's entry point) belongs to no method.
+    """
+    importers = {m: {u for u, deps in graph.items() if m in deps and u != m} for m in graph}
+    memo: dict[str, str | None] = {}
+
+    def owner(m: str, path: frozenset[str]) -> str | None:
+        if m in memo:
+            return memo[m]
+        found = set()
+        for user in importers[m]:
+            if user.startswith("callbacks"):
+                found.add(method_of(user) or "shared")
+            elif user.startswith("fl_lightning") and user not in path:
+                found.add(owner(user, path | {m}) or "core")
+        result = found.pop() if len(found) == 1 and "core" not in found and "shared" not in found else None
+        if not path:
+            memo[m] = result
+        return result
+
+    return {m: owner(m, frozenset()) for m in graph if m.startswith("fl_lightning.")}
+
+
+def test_the_core_holds_no_module_used_by_only_one_method():
+    # ops/ is the exception by design: each method's pure maths, tested without a Trainer
+    found = {m: o for m, o in owners(import_graph()).items() if o is not None and not under(m, "fl_lightning.ops")}
+    assert found == {}
+
+
+def test_the_owner_finder_can_fail():
+    graph = {"fl_lightning.gan": set(), "fl_lightning.helper": {"fl_lightning.gan"}, "callbacks.feder.x": {
+        "fl_lightning.helper"}, "fl_lightning.shared": set(), "callbacks.a": {"fl_lightning.shared"},
+        "callbacks.b": {"fl_lightning.shared"}}  # fmt: skip
+    assert owners(graph) == {"fl_lightning.gan": "feder", "fl_lightning.helper": "feder", "fl_lightning.shared": None}
 
 
 def test_the_walk_can_fail(tmp_path):
@@ -90,15 +231,15 @@ def test_serialized_runtime_holds_its_own_copies_and_agrees_bit_for_bit(tmp_path
         fed = build_federation(tmp_path / transport, [FedBN(), FedProx(mu=0.1)], rounds=2, transport=transport)
         runs[transport] = (fed, fed.run())
     fed, _ = runs["serialized"]
-    assert fed.runtime.module is not fed.module and fed.runtime.data is not fed.data
-    assert not set(map(id, fed.runtime.callbacks)) & set(map(id, fed.callbacks))
-    assert fed.runtime.trainer is not fed.trainer
+    assert fed.transport.runtime.module is not fed.module and fed.transport.runtime.data is not fed.data
+    assert not set(map(id, fed.transport.runtime.callbacks)) & set(map(id, fed.callbacks))
+    assert fed.transport.runtime.trainer is not fed.trainer
     (a, sa), (b, sb) = runs["inprocess"], runs["serialized"]
     for k, v in a.groups[0].state.items():
         assert torch.equal(v, b.groups[0].state[k]), k
-    assert a.private.keys() == b.private.keys()
-    for key, state in a.private.items():
-        assert all(torch.equal(v, b.private[key][k]) for k, v in state.items()), key
+    assert a.transport.private.keys() == b.transport.private.keys()
+    for key, state in a.transport.private.items():
+        assert all(torch.equal(v, b.transport.private[key][k]) for k, v in state.items()), key
     assert sa["summary"] == sb["summary"] and sa["pooled"] == sb["pooled"]
     # the server's own module never trained: only messages crossed
     init = build_federation(tmp_path / "init", [FedBN(), FedProx(mu=0.1)])
@@ -135,3 +276,11 @@ def test_the_counts_are_the_encoded_sizes(tmp_path):
     before = fed.transport.bytes_down
     fed.transport.request(task)
     assert fed.transport.bytes_down - before == len(protocol.encode(task))
+
+
+def test_one_pooled_client_id_on_both_layers():
+    from datamodules.base import POOLED_KEY
+    from fl_lightning.wire.protocol import POOLED
+
+    # the data layer imports nothing of ours, so it names its sampler key itself: the same id
+    assert POOLED_KEY == POOLED

@@ -5,14 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.checkpoint import (
+from fl_lightning.outputs.checkpoint import (
     checkpoint_path,
     find_last_checkpoint,
     load_checkpoint,
     save_checkpoint,
     write_round_checkpoint,
 )
-from fl_lightning.client_store import DIGESTS_KEY, FILES_KEY, STORE_DIR, ClientStateStore, expand
+from fl_lightning.outputs.client_store import DIGESTS_KEY, FILES_KEY, STORE_DIR, ClientStateStore, expand
 
 
 def runtime(generations: dict[str, int], value: float = 0.0) -> dict:

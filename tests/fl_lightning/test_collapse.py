@@ -8,8 +8,9 @@ import warnings
 import pytest
 import torch
 
-from fl_lightning import collapse
-from fl_lightning.collapse import (
+from fl_lightning.clients.metrics import classification_metrics
+from fl_lightning.outputs import collapse
+from fl_lightning.outputs.collapse import (
     DegenerateTrainingWarning,
     balanced_acc_at_chance,
     clients_without_test,
@@ -18,8 +19,7 @@ from fl_lightning.collapse import (
     mean_train_loss_by_round,
     single_class_predictions,
 )
-from fl_lightning.metrics import classification_metrics
-from fl_lightning.records import summary_table
+from fl_lightning.outputs.records import summary_table
 from tests.conftest import build_federation, tiny_data, tiny_model
 
 HEALTHY = {"acc": 0.89, "balanced_acc": 0.81, "auroc": 0.93, "predicted_classes": 2.0}

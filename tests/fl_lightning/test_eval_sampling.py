@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning import protocol
 from fl_lightning.config import FederationConfig
-from fl_lightning.config_diff import diff_configs
-from fl_lightning.selection import evaluation_sample, select_clients
+from fl_lightning.outputs.config_diff import diff_configs
+from fl_lightning.server.selection import evaluation_sample, select_clients
+from fl_lightning.wire import protocol
 from tests.conftest import build_federation, tiny_data
 
 IDS = [f"site{i}" for i in range(20)]

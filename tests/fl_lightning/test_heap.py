@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from fl_lightning.heap import import_long_lived, long_lived
+from fl_lightning.startup.heap import import_long_lived, long_lived
 
 
 @pytest.fixture(autouse=True)

@@ -67,7 +67,7 @@ def test_fedbn_without_norm_layers_equals_fedavg(tmp_path):
     plain = build_federation(tmp_path / "a", model_kwargs=kwargs)
     fedbn = build_federation(tmp_path / "b", [FedBN()], model_kwargs=kwargs)
     plain.run(), fedbn.run()
-    assert fedbn.runtime.private_keys == set()
+    assert fedbn.transport.runtime.private_keys == set()
     assert_same_state(plain.groups[0].state, fedbn.groups[0].state)
 
 
@@ -103,13 +103,13 @@ def test_fedbn_keeps_every_norm_layer_local_whatever_its_name(tmp_path):
     fed = build_federation(tmp_path, [FedBN(), recorder], data=data, model=model, rounds=2)
     fed.run()
     norm_keys = {k for k in fed.groups[0].state if k.startswith(("net.foo.", "net.inorm_by_another_name."))}
-    assert fed.runtime.private_keys == norm_keys and "net.bn.weight" not in fed.runtime.private_keys
+    assert fed.transport.runtime.private_keys == norm_keys and "net.bn.weight" not in fed.transport.runtime.private_keys
     assert {"net.foo.running_mean", "net.foo.weight", "net.inorm_by_another_name.running_var"} <= norm_keys
     # Each client keeps exactly what it trained, and clients differ (their data differ in style).
     for cid, (state, _) in recorder.uploads.items():
         for k in norm_keys:
-            assert torch.equal(fed.private[("global", cid)][k], state[k])
-    a, b = (fed.private[("global", c)]["net.foo.running_mean"] for c in ("site0", "site2"))
+            assert torch.equal(fed.transport.private[("global", cid)][k], state[k])
+    a, b = (fed.transport.private[("global", c)]["net.foo.running_mean"] for c in ("site0", "site2"))
     assert not torch.allclose(a, b)
     # The shared part is the sample-weighted average of the uploads, computed here by hand.
     states, counts = zip(*recorder.uploads.values())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_lightning import lean_imports
+from fl_lightning.startup import lean_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def test_lightning_loads_without_scipy_signal_and_the_real_module_loads_afterwar
         import json, types
         import fl_lightning
         import lightning.pytorch
-        from fl_lightning import lean_imports
+        from fl_lightning.startup import lean_imports
         result = {
             "torchmetrics": "torchmetrics" in sys.modules,
             "signal_after_lightning": "scipy.signal" in sys.modules,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fl_lightning import records
+from fl_lightning.outputs import records
 
 TRAINED = {"a": {"train_loss": 0.5, "train_steps": 3, "train_samples": 24}, "c": {"train_loss": 0.7, "train_steps": 2}}
 EVALUATION = {

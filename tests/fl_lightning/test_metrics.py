@@ -8,8 +8,8 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, log_loss, roc_auc_score
 
-from fl_lightning.evaluation import summarise
-from fl_lightning.metrics import balanced_accuracy, classification_metrics, confusion_matrix, macro_f1
+from fl_lightning.clients.metrics import balanced_accuracy, classification_metrics, confusion_matrix, macro_f1
+from fl_lightning.server.evaluation import summarise
 
 # (seed, num_classes, num_samples, classes occurring in the targets, classes occurring in the predictions)
 # None = all classes; label skew = targets missing classes, predictions of classes absent from the targets.
@@ -164,7 +164,7 @@ def test_macro_auroc_from_ranks_equals_sklearn_with_ties_and_absent_classes(seed
     """Tied scores (coarse probabilities), classes absent or alone in the target: scikit-learn to rounding."""
     from scipy.stats import rankdata
 
-    from fl_lightning.metrics import average_ranks, macro_auroc
+    from fl_lightning.clients.metrics import average_ranks, macro_auroc
 
     gen = torch.Generator().manual_seed(seed)
     n, k = 5 + 9 * seed, 2 + seed

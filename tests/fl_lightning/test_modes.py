@@ -10,7 +10,7 @@ import torch
 
 from callbacks import FederatedCallback
 from fl_lightning.ops import clone_state
-from fl_lightning.selection import random_cycle, select_clients
+from fl_lightning.server.selection import random_cycle, select_clients
 from tests.conftest import build_federation, reference_sgd, tiny_data, tiny_model
 
 
@@ -72,14 +72,16 @@ def test_local_mode_clients_train_alone(tmp_path):
         batches = [list(fresh.client_train_loader(cid)) for _ in range(rounds)]
         # local mode keeps the optimiser (momentum) across rounds: one long fit of the client alone
         expected = reference_sgd(init_module.net, batches, lr=0.1, momentum=0.9, fresh_optimizer_each_round=False)
-        got = {k.removeprefix("net."): v for k, v in fed.private[("global", cid)].items() if k.startswith("net.")}
+        got = {
+            k.removeprefix("net."): v for k, v in fed.transport.private[("global", cid)].items() if k.startswith("net.")
+        }
         assert_same_state(got, expected, atol=1e-5)
         # ...and each client is evaluated with that model of its own
         evaluator.net.load_state_dict(expected)
         metrics = evaluator.evaluate(data.client_test_loader(cid), torch.device("cpu"))
         for name, value in metrics.items():
             assert summary["clients"][cid]["personal"][name] == pytest.approx(value, abs=1e-4), (cid, name)
-    a, b = (fed.private[("global", c)]["net.classifier.weight"] for c in ("site0", "site1"))
+    a, b = (fed.transport.private[("global", c)]["net.classifier.weight"] for c in ("site0", "site1"))
     assert not torch.allclose(a, b)
 
 
@@ -106,7 +108,7 @@ def test_peer_to_peer_passes_each_model_to_its_successor(tmp_path):
     assert all(matrix[c][c] == summary["clients"][c]["personal"] for c in ids)
     accs = [matrix[h][t]["acc"] for h in ids for t in ids]
     assert summary["summary"]["cross"]["acc"]["mean"] == pytest.approx(sum(accs) / len(accs))
-    fed.module.load_state_dict({**fed.groups[0].state, **fed.private[("global", ids[0])]})
+    fed.module.load_state_dict({**fed.groups[0].state, **fed.transport.private[("global", ids[0])]})
     by_hand = fed.module.evaluate(data.client_test_loader(ids[1]), torch.device("cpu"))
     assert by_hand == pytest.approx(matrix[ids[0]][ids[1]], nan_ok=True)
     for cid in ids:  # round 1: every node starts from the common initial model
@@ -119,7 +121,7 @@ def test_peer_to_peer_passes_each_model_to_its_successor(tmp_path):
             if r + 1 < rounds:  # the next round the node starts from its predecessor's model...
                 assert_equal_state(recorder.starts[(r + 1, node)], trained_by_pred)
             else:  # ...and after the last round it holds it (and is evaluated with it)
-                assert_equal_state(fed.private[("global", node)], trained_by_pred)
+                assert_equal_state(fed.transport.private[("global", node)], trained_by_pred)
             assert not torch.equal(
                 trained_by_pred["net.classifier.weight"], recorder.uploads[(r, node)][0]["net.classifier.weight"]
             )
@@ -293,4 +295,4 @@ def test_peer_to_peer_callbacks_see_the_cycle_and_can_keep_models_home(tmp_path)
     fed.run()
     assert keep.cycles == [random_cycle(data.client_ids, r, seed=0) for r in range(2)]
     for cid in data.client_ids:  # each node still holds the model it trained itself
-        assert_equal_state(fed.private[("global", cid)], keep.trained[cid])
+        assert_equal_state(fed.transport.private[("global", cid)], keep.trained[cid])

@@ -10,9 +10,9 @@ import pytest
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from fl_lightning import Federation, FederationConfig
+from fl_lightning import FederationConfig, local_federation
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.tracking import RoundTracker, _prepare_wandb
+from fl_lightning.outputs.tracking import RoundTracker, _prepare_wandb
 from tests.conftest import tiny_data, tiny_model
 
 
@@ -22,7 +22,7 @@ def test_logging_interval_warning_is_not_shown_but_other_warnings_are(tmp_path):
     cfg = FederationConfig(rounds=1, output_dir=str(tmp_path), quiet=True, plots=False, checkpoint_every=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # what a first run sees: every warning once
-        Federation(cfg, tiny_model(data), data, trainer, seed=0).run()
+        local_federation(cfg, tiny_model(data), data, trainer, seed=0).run()
         warnings.warn("another possible user mistake", PossibleUserWarning, stacklevel=1)
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "smaller than the logging interval" in m], messages

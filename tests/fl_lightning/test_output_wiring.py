@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from fl_lightning.cli import main
-from fl_lightning.collapse import DegenerateTrainingWarning
+from fl_lightning.outputs.collapse import DegenerateTrainingWarning
 from tests.conftest import build_federation, tiny_data, tiny_model
 from tests.test_configs import TINY  # holds --federation.progress=false
 

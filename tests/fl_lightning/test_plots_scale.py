@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fl_lightning import plots
+from fl_lightning.outputs import plots
 
 
 def _close(fig) -> None:

@@ -5,8 +5,8 @@ from functools import partial
 import pytest
 import torch
 
-from fl_lightning.models.gan import ConditionalDiscriminator, ConditionalGenerator
-from fl_lightning.private_gan import PrivateGANConfig, train_private_gan
+from callbacks.feder.gan import ConditionalDiscriminator, ConditionalGenerator
+from callbacks.feder.private_gan import PrivateGANConfig, train_private_gan
 from tests.conftest import tiny_data
 
 
@@ -56,7 +56,7 @@ def test_training_is_seeded_and_leaves_the_callers_rng_alone(monkeypatch):
 
 
 def test_the_privacy_term_changes_what_the_generator_learns():
-    from fl_lightning.models.perceptual import PerceptualDistance
+    from callbacks.feder.perceptual import PerceptualDistance
 
     data = tiny_data()
     plain, private = train(data), train(data, alpha=1.0, distance=PerceptualDistance())

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from fl_lightning.protocol import MessageError, Reply, Task, decode, encode, encoded_size
+from fl_lightning.wire.protocol import MessageError, Reply, Task, decode, encode, encoded_size
 
 
 def test_round_trip_of_every_plain_type_and_dtype():

@@ -18,8 +18,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fl_lightning import protocol
-from fl_lightning.protocol import DTYPES, KINDS, MAGIC, MessageError, Reply, Task, decode, encode, encoded_size
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import DTYPES, KINDS, MAGIC, MessageError, Reply, Task, decode, encode, encoded_size
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 FAST = settings(derandomize=True, database=None, max_examples=120, deadline=None, suppress_health_check=_HEALTH)

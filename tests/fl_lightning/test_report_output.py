@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from fl_lightning.config import FederationConfig
-from fl_lightning.records import round_line
-from fl_lightning.report import RoundReporter, evaluation_table, privacy_line
+from fl_lightning.outputs.records import round_line
+from fl_lightning.outputs.report import RoundReporter, evaluation_table, privacy_line
 from tests.conftest import build_federation
 
 
@@ -213,7 +213,7 @@ def test_nan_cells_are_dashes():
 
 
 def test_the_final_table_lists_only_the_worst_clients_beyond_fifty():
-    from fl_lightning.report import TABLE_CLIENTS, evaluation_table, table_clients
+    from fl_lightning.outputs.report import TABLE_CLIENTS, evaluation_table, table_clients
 
     clients = {f"c{i:04d}": {"test_samples": 5, "global": {"acc": (i % 97) / 100}} for i in range(1000)}
     clients["c0500"] = {"test_samples": 0, "global": {}}  # no test images: listed last, if at all

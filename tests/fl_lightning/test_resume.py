@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from callbacks import FederatedCallback
-from fl_lightning.checkpoint import checkpoint_path, find_last_checkpoint, load_checkpoint, save_checkpoint
 from fl_lightning.cli import main
+from fl_lightning.outputs.checkpoint import checkpoint_path, find_last_checkpoint, load_checkpoint, save_checkpoint
 from tests.conftest import build_federation
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ import yaml
 from torch import nn
 
 from datamodules import DigitsFederated
-from fl_lightning.checkpoint import checkpoint_path, save_checkpoint
 from fl_lightning.cli import build_cli, config_yaml
-from fl_lightning.config_diff import diff_configs
-from fl_lightning.resume import check_clients_match, check_resume_config, resolve_resume
-from fl_lightning.run_dir import RunDirectory, RunDirectoryInUse
+from fl_lightning.outputs.checkpoint import checkpoint_path, save_checkpoint
+from fl_lightning.outputs.config_diff import diff_configs
+from fl_lightning.outputs.resume import check_clients_match, check_resume_config, resolve_resume
+from fl_lightning.outputs.run_dir import RunDirectory, RunDirectoryInUse
 from tests.conftest import build_federation, tiny_data, tiny_model
 from tests.test_configs import fake_medmnist
 
@@ -308,7 +308,7 @@ def test_a_run_directory_held_by_another_process_is_refused(tmp_path):
     run = tmp_path / "busy"
     run.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from fl_lightning.run_dir import claim; from pathlib import Path; import time; "
+        [sys.executable, "-c", f"from fl_lightning.outputs.run_dir import claim; from pathlib import Path; import time; "  # noqa: E501
          f"claim(Path({str(run)!r})); print('held', flush=True); time.sleep(60)"],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -342,7 +342,7 @@ class Stop(Exception):
 
 
 def _stopped_before_the_first_checkpoint(tmp_path, monkeypatch):
-    from fl_lightning.federation import Federation
+    from fl_lightning.server.federation import Federation
 
     def stop(federation, r):
         raise Stop

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_lightning.checkpoint import list_checkpoints
 from fl_lightning.cli import main
+from fl_lightning.outputs.checkpoint import list_checkpoints
 from tests.conftest import build_federation, tiny_data
 
 REPO = Path(__file__).resolve().parents[2]

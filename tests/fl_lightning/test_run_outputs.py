@@ -20,8 +20,8 @@ from rich.console import Console
 
 from callbacks import FedBN, FederatedCallback
 from fl_lightning.cli import main
-from fl_lightning.evaluation import summarise
-from fl_lightning.report import evaluation_table
+from fl_lightning.outputs.report import evaluation_table
+from fl_lightning.server.evaluation import summarise
 from tests.conftest import build_federation, tiny_data, tiny_model
 from tests.test_configs import TINY
 
@@ -166,7 +166,7 @@ def test_fedbn_personal_is_the_global_model_with_the_clients_private_state(fedbn
     global_state = fed.groups[0].state
     differs = []
     for cid in fed.data.client_ids:
-        private = fed.private[("global", cid)]
+        private = fed.transport.private[("global", cid)]
         assert private and set(private) < set(global_state)
         loader = fed.data.client_test_loader(cid)
         personal = evaluate_by_hand(fed.data, {**global_state, **private}, loader)
@@ -258,13 +258,13 @@ def test_final_table(run, request):
 
 @pytest.mark.parametrize(("seg", "unit"), [(False, "samples"), (True, "pixels")])
 def test_partition_names_what_it_counts(tmp_path, monkeypatch, seg, unit):
-    import fl_lightning.federation as federation_module
+    import fl_lightning.server.run_files as run_files
     from datamodules import DigitsSegFederated
     from fl_lightning.clients import SegmentationClient
-    from fl_lightning.plots import partition_figure
+    from fl_lightning.outputs.plots import partition_figure
 
     seen = {}
-    monkeypatch.setattr(federation_module, "plot_partition", lambda counts, path, domains, label_unit: seen.update(
+    monkeypatch.setattr(run_files, "plot_partition", lambda counts, path, domains, label_unit: seen.update(
         figure=partition_figure(counts, domains, label_unit)))  # fmt: skip
     if seg:
         data = DigitsSegFederated(num_clients=2, image_size=8, num_samples=40, seed=0)

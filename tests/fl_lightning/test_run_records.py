@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from fl_lightning.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
-from fl_lightning.run_dir import RunDirectory, _csv_text, parse_cell, read_rows
+from fl_lightning.outputs.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fl_lightning.outputs.run_dir import RunDirectory, _csv_text, parse_cell, read_rows
 from tests.conftest import build_federation
 
 

@@ -24,7 +24,7 @@ def test_split_samples_gives_subsets_loaders_and_weights(tmp_path):
         assert torch.equal(even.subsets[cid], torch.arange(0, n, 2))
         assert fed.num_samples(cid, odd) == n // 2 and fed.num_samples(cid) == n
         split = fed.data.client_data(cid)
-        sampler = fed.runtime.subset_sampler(fed.fit_task(0, odd, cid))
+        sampler = fed.transport.runtime.subset_sampler(fed.fit_task(0, odd, cid))
         loader = fed.data.client_subset_train_loader(cid, odd.subsets[cid], sampler)
         seen = torch.cat([x for x, _ in loader])
         assert len(seen) == n // 2  # one epoch over exactly the subset, each sample once
@@ -37,7 +37,7 @@ def test_subset_samplers_and_subsets_survive_a_checkpoint(tmp_path):
     (even, odd), _ = split_in_two(fed)
     fed.run_dir = type("Dir", (), {"client_rows": [], "round_rows": []})()  # state_dict reads the rows only
     cid = fed.data.client_ids[0]
-    sampler = fed.runtime.subset_sampler(fed.fit_task(0, odd, cid))
+    sampler = fed.transport.runtime.subset_sampler(fed.fit_task(0, odd, cid))
     first = list(sampler)
     state = fed.state_dict()
     after = list(sampler)
@@ -46,7 +46,7 @@ def test_subset_samplers_and_subsets_survive_a_checkpoint(tmp_path):
     other.load_state_dict(state)
     assert [g.name for g in other.groups] == ["global.0", "global.1"]
     assert torch.equal(other.groups[1].subsets[cid], odd.subsets[cid])
-    assert list(other.runtime.subset_sampler(other.fit_task(0, other.groups[1], cid))) == after != first
+    assert list(other.transport.runtime.subset_sampler(other.fit_task(0, other.groups[1], cid))) == after != first
 
 
 def test_split_samples_rejects_a_bad_assignment(tmp_path):

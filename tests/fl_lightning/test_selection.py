@@ -2,7 +2,7 @@
 
 import pytest
 
-from fl_lightning.selection import num_selected, random_cycle, select_clients
+from fl_lightning.server.selection import num_selected, random_cycle, select_clients
 
 IDS = [f"site{i}" for i in range(10)]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.cli import main
-from fl_lightning.tracking import ROUND_PREFIXES
+from fl_lightning.outputs.tracking import ROUND_PREFIXES
 from tests.test_configs import TINY
 from tests.wandb_offline import history_and_config, read_records
 
@@ -187,7 +187,7 @@ def test_tensorboard_logger_writes_round_scalars(tmp_path):
 
 
 def test_many_clients_log_a_table_and_histograms_instead_of_per_client_keys(tmp_path, monkeypatch):
-    from fl_lightning import records
+    from fl_lightning.outputs import records
 
     monkeypatch.setattr(records, "PER_CLIENT_KEYS_MAX", 2)  # the tiny run's 5 clients count as many
     run(tmp_path, "--federation.rounds=3", "--federation.eval_every=2")
@@ -216,7 +216,7 @@ def test_offline_wandb_opens_in_the_background_and_its_error_reaches_the_first_l
     """Offline: start() returns before W&B is open; a failure to open it is raised where the run is first needed."""
     from lightning.pytorch.loggers import WandbLogger
 
-    from fl_lightning import tracking
+    from fl_lightning.outputs import tracking
 
     opened = []
 
@@ -240,7 +240,7 @@ def test_online_wandb_opens_before_the_first_round(tmp_path, monkeypatch):
     """Online: a login or network error stops the run in start(), before any training."""
     from lightning.pytorch.loggers import WandbLogger
 
-    from fl_lightning import tracking
+    from fl_lightning.outputs import tracking
 
     def failure(logger, run_dir, run_id):
         raise RuntimeError("wandb.errors.CommError: not logged in")

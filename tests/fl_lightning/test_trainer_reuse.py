@@ -10,7 +10,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import FederatedCallback
-from fl_lightning.local_fit import LocalFitter, ResidentSingleDeviceStrategy
+from fl_lightning.runtime.local_fit import LocalFitter, ResidentSingleDeviceStrategy
 from tests.conftest import build_federation, tiny_data, tiny_model
 
 

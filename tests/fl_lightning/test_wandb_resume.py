@@ -19,7 +19,7 @@ from wandb.proto import wandb_internal_pb2 as pb
 
 from fl_lightning import wandb_sync
 from fl_lightning.cli import main
-from fl_lightning.tracking import WandbOfflineResumeWarning
+from fl_lightning.outputs.tracking import WandbOfflineResumeWarning
 from tests.test_configs import TINY
 from tests.wandb_offline import read_records
 

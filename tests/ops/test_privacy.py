@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.models.perceptual import PerceptualDistance
+from callbacks.feder.perceptual import PerceptualDistance
 from fl_lightning.ops.privacy import (
     discriminator_loss,
     generator_loss,
@@ -119,7 +119,7 @@ def test_local_backbone_weights_are_loaded_from_a_path_or_the_hub_cache(tmp_path
     torch.testing.assert_close(getattr(loaded.lpips.net.slice2, "3").weight, state["features.3.weight"])
     torch.testing.assert_close(getattr(loaded.lpips.net.slice5, "10").bias, state["features.10.bias"])
 
-    from fl_lightning.models.perceptual import hub_weights_path
+    from callbacks.feder.perceptual import hub_weights_path
 
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     hub_file = hub_weights_path("alex")

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from callbacks.feder.replay import BufferBatches, ReplayBuffer, ReplayLoader, batch_sizes, draw_codes, generate
 from fl_lightning.ops.replay import join_replay
-from fl_lightning.replay import BufferBatches, ReplayBuffer, ReplayLoader, batch_sizes, draw_codes, generate
 from tests.conftest import tiny_data, tiny_model
 
 
@@ -70,7 +70,7 @@ def test_buffer_batches_follow_the_real_loaders_sizes():
 
 def test_latent_buffers_generate_what_image_buffers_hold():
     torch.manual_seed(0)
-    from fl_lightning.models.gan import ConditionalGenerator
+    from callbacks.feder.gan import ConditionalGenerator
 
     gen = ConditionalGenerator(3, 1, (8, 8), latent_dim=4, width=4).eval()
     z, y = draw_codes(torch.tensor([0, 2, 2]), 6, 4, seed=0)

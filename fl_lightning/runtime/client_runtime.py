@@ -1,0 +1,351 @@
+"""The client side of the boundary: a runtime hosts clients and answers the server's tasks.
+
+A :class:`ClientRuntime` holds what never leaves the clients it hosts: their data, their private state
+(norm layers under FedBN, SCAFFOLD's c_i, MOON's previous model, kept optimiser state, …), the shared
+Trainer and client module, and the client halves of the callbacks. It knows nothing of the Federation:
+everything it learns arrives in a :class:`~fl_lightning.wire.protocol.Task`, everything it tells goes back in a
+:class:`~fl_lightning.wire.protocol.Reply`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from datamodules.base import FederatedDataModule
+from datamodules.sampler import SeededEpochSampler, stable_seed
+from fl_lightning.callback import ClientContext, FederatedCallback
+from fl_lightning.config import FederationConfig
+from fl_lightning.errors import PreconditionError
+from fl_lightning.ops import clone_state, select_keys
+from fl_lightning.ops.state import StateDict, all_finite
+from fl_lightning.runtime.local_fit import LocalFitter
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import POOLED, Reply, Task
+
+
+class ClientRuntime:
+    """Hosts clients and answers tasks: ``fit``, ``evaluate``, callback queries and state moves.
+
+    Args:
+        module: The client module (one instance for every hosted client).
+        data: The hosted clients' data.
+        trainer: The Trainer that trains every hosted client; its ``FederatedCallback`` callbacks are the
+            client halves.
+        config: The run's ``federation:`` settings (budget defaults, mode, topology).
+        seed: The run's seed.
+        prepared: ``module`` already carries the callbacks' layers (it is shared with an in-process server).
+        note: Where to print progress notes (e.g. a GAN phase starting).
+        client_ids: The clients this runtime hosts (default: every client of ``data``, and the pooled
+            pseudo-client); a shard of them when the clients are spread over processes.
+
+    """
+
+    def __init__(
+        self,
+        module: L.LightningModule,
+        data: FederatedDataModule,
+        trainer: L.Trainer,
+        config: FederationConfig,
+        seed: int = 0,
+        prepared: bool = False,
+        note: Callable[[str], None] | None = None,
+        client_ids: list[str] | None = None,
+    ) -> None:
+        self.module, self.data, self.trainer, self.config, self.seed = module, data, trainer, config, seed
+        self.client_ids = list(data.client_ids) + [POOLED] if client_ids is None else list(client_ids)
+        self.callbacks = [cb for cb in trainer.callbacks if isinstance(cb, FederatedCallback)]
+        self.fitter = LocalFitter(trainer)
+        self.note = note or (lambda message: None)
+        self._prepared = prepared
+        self.workdir: Path | None = None
+        self.private_keys: set[str] = set()
+        # client -> group -> state; client -> group -> optimiser state; client -> callback key -> state
+        self.private: dict[str, dict[str, StateDict]] = {}
+        self.optimizer_states: dict[str, dict[str, dict[str, Any]]] = {}
+        self.callback_states: dict[str, dict[str, dict[str, Any]]] = {}
+        self.subset_samplers: dict[tuple[str, str], SeededEpochSampler] = {}  # (group, client)
+        self._by_key = {cb.state_key: cb for cb in self.callbacks}
+        # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
+        self.generations: dict[str, int] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the Trainer (where the runtime trains and evaluates)."""
+        return self.trainer.strategy.root_device
+
+    # ------------------------------------------------------------------ set-up
+    def prepare(self) -> None:
+        """Add the callbacks' layers to the module (unless shared with a server that did) and find private keys."""
+        if not self._prepared:
+            for cb in self.callbacks:
+                cb.prepare_module(self.module, self.data)
+            self._prepared = True
+        cfg = self.config
+        if cfg.mode == "local" or cfg.topology == "peer_to_peer":
+            self.private_keys = set(self.module.state_dict())  # every node holds a whole model of its own
+        else:
+            self.private_keys = set().union(*(cb.private_keys(self.module) for cb in self.callbacks))
+        self.keep_optimizer_state = cfg.keep_optimizer_state or cfg.mode in ("local", "centralized")
+
+    def start(self, workdir: Path | None) -> None:
+        """Start serving: ``workdir`` is this side's directory for large files (the run directory in simulation)."""
+        self.workdir = workdir
+        for cb in self.callbacks:
+            cb.on_runtime_start(self)
+
+    # ------------------------------------------------------------------ tasks
+    def handle(self, task: Task) -> Reply:
+        """Answer one task."""
+        handlers = {
+            protocol.FIT: self._fit,
+            protocol.EVALUATE: self._evaluate,
+            protocol.QUERY: self._query,
+            protocol.REGROUP: self._regroup,
+            protocol.TAKE_PRIVATE: self._take_private,
+            protocol.PUT_PRIVATE: self._put_private,
+        }
+        if task.kind not in handlers:
+            raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
+        if task.kind != protocol.EVALUATE:  # the only kind that changes no state
+            self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
+        return handlers[task.kind](task)
+
+    def handle_bytes(self, data: bytes) -> bytes:
+        """Answer an encoded task with an encoded reply (what a remote transport calls)."""
+        task = protocol.decode_task(data)
+        return protocol.encode(self.handle(task))
+
+    def context(self, cb: FederatedCallback, task: Task) -> ClientContext:
+        """The client context of ``cb`` for ``task``."""
+        cid = task.client_id
+        state = self.callback_states.setdefault(cid, {}).setdefault(cb.state_key, {})
+        return ClientContext(
+            cid, task.round, task.group, cb.get_payload(task), state, task.state, task,
+            module=self.module, data=self.data, device=self.device, config=self.config, seed=self.seed,
+            private=self.private_state(cid, task.group), private_keys=self.private_keys,
+            hosted_states=partial(self.hosted_states, cb.state_key), fit_alone=partial(self.fit_alone, cid),
+        )  # fmt: skip
+
+    def hosted_states(self, key: str) -> dict[str, dict[str, Any]]:
+        """Callback ``key``'s per-client state of every hosted client that has one, ``{client: state}``."""
+        return {cid: states[key] for cid, states in self.callback_states.items() if key in states}
+
+    def fit_alone(self, client_id: str, loader: Any, epochs: int) -> int:
+        """Fit the module for ``client_id`` on ``loader`` with a fresh optimiser, the federated callbacks detached.
+
+        A plain local fit inside a task (e.g. fine-tuning the final model): the methods' callbacks must neither act
+        on it (FedProx would pull towards the start weights, SCAFFOLD add last round's control variates) nor update
+        their per-client state from it. Lightning's own callbacks and the fitter's probe stay; the Trainer's list is
+        restored whatever happens.
+
+        Returns:
+            The optimiser steps taken.
+        """
+        trainer = self.trainer
+        callbacks = trainer.callbacks
+        trainer.callbacks = [cb for cb in callbacks if not isinstance(cb, FederatedCallback)]
+        try:
+            steps, _ = self.fitter.fit(self.module, loader, epochs, client_id)
+        finally:
+            trainer.callbacks = callbacks
+        return steps
+
+    def private_state(self, client_id: str, group: str) -> StateDict:
+        """The client's private state in ``group`` (empty if it has none yet)."""
+        return self.private.get(client_id, {}).get(group, {})
+
+    def _fit(self, task: Task) -> Reply:
+        cid, module = task.client_id, self.module
+        module.load_state_dict({**task.state, **self.private_state(cid, task.group)})
+        if hasattr(module, "lr_factor"):
+            module.lr_factor = task.lr_factor
+        contexts = [(cb, self.context(cb, task)) for cb in self.callbacks]
+        for cb, ctx in contexts:
+            cb.bind_client(ctx)
+        try:
+            return self._fit_bound(task, contexts)
+        finally:
+            for cb, _ in contexts:
+                cb.bind_client(None)
+
+    def _fit_bound(self, task: Task, contexts: list[tuple[FederatedCallback, ClientContext]]) -> Reply:
+        cid, module = task.client_id, self.module
+        for cb, ctx in contexts:
+            cb.on_client_start(ctx, module)
+        loader = self._train_loader(task)
+        for cb, ctx in contexts:
+            loader = cb.wrap_train_loader(ctx, loader)
+        key_opt = self.optimizer_states.get(cid, {})
+        try:
+            num_steps, opt_state = self.fitter.fit(
+                module,
+                loader,
+                1 if task.steps else task.epochs,
+                cid,
+                optimizer_state=key_opt.get(task.group),
+                keep_optimizer_state=self.keep_optimizer_state,
+            )
+        except PreconditionError:
+            raise  # a method that cannot work here fails the run, not one client
+        except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
+            return Reply(cid, task.group, error=f"its local fit raised {err!r}")
+        report = module.fit_report()
+        state = clone_state(module.state_dict())
+        if not math.isfinite(report["train_loss"]) or not all_finite(state):
+            return Reply(cid, task.group, error="it produced a non-finite loss or weights")
+        if self.private_keys:
+            self.private.setdefault(cid, {})[task.group] = select_keys(state, self.private_keys)
+        if opt_state is not None:
+            self.optimizer_states.setdefault(cid, {})[task.group] = opt_state
+        reply = Reply(
+            cid,
+            task.group,
+            state=state,
+            num_samples=self.num_samples(cid, task.subset),
+            num_steps=num_steps,
+            metrics={"train_loss": report["train_loss"]},
+        )
+        for cb, ctx in contexts:
+            cb.on_client_end(ctx, module, reply)
+        for cb, ctx in contexts:  # after every on_client_end: e.g. secure aggregation masks the final update
+            cb.on_upload(ctx, reply)
+        return reply
+
+    def num_samples(self, client_id: str, subset: torch.Tensor | None = None) -> int:
+        """Training samples of a hosted client (of its subset in a sample-level group; all for the pooled one)."""
+        if subset is not None:
+            return len(subset)
+        if client_id == POOLED:
+            return sum(self.data.num_train_samples(c) for c in self.data.client_ids)
+        return self.data.num_train_samples(client_id)
+
+    def _train_loader(self, task: Task) -> Any:
+        steps, cid = task.steps, task.client_id
+        if cid == POOLED:
+            return self.data.pooled_train_loader(steps=steps)
+        if task.subset is not None:
+            return self.data.client_subset_train_loader(cid, task.subset, self.subset_sampler(task), steps=steps)
+        return self.data.client_train_loader(cid, steps=steps)
+
+    def subset_sampler(self, task: Task) -> SeededEpochSampler:
+        """The persistent sampler of a client's subset in a sample-level group (created on first use)."""
+        key = (task.group, task.client_id)
+        existing = self.subset_samplers.get(key)
+        if not isinstance(existing, SeededEpochSampler):
+            seed = stable_seed(self.data.seed, "subset", task.group, task.client_id)
+            self.subset_samplers[key] = SeededEpochSampler(len(task.subset), seed)
+            if existing is not None:  # restored from a checkpoint
+                self.subset_samplers[key].epoch = existing.epoch
+        return self.subset_samplers[key]
+
+    def _evaluate(self, task: Task) -> Reply:
+        """The group's model (``global``) and the client's own (``personal``) on the client's test set.
+
+        Options: ``global`` (evaluate the received state), ``outputs`` (also return what pooled metrics need:
+        the module's ``evaluation_parts``, additive counts or, for classification, the test predictions).
+        """
+        cid, module, device = task.client_id, self.module, self.device
+        opts = task.options
+        module.to(device)
+        loader = self.data.client_test_loader(cid)
+        metrics: dict[str, Any] = {}
+        payloads: dict[str, Any] = {}
+        if opts.get("global", True):
+            module.load_state_dict(task.state)
+            if opts.get("outputs") and hasattr(module, "evaluation_parts"):
+                parts = module.evaluation_parts(loader, device)
+                metrics["global"] = module.metrics_from_parts(parts) if parts else {}
+                payloads["outputs"] = parts
+            else:
+                metrics["global"] = module.evaluate(loader, device)
+        private = self.private_state(cid, task.group)
+        if not opts.get("personal", True):
+            pass
+        elif private:
+            module.load_state_dict({**task.state, **private})
+            metrics["personal"] = module.evaluate(loader, device)
+        elif "global" in metrics:
+            metrics["personal"] = dict(metrics["global"])
+        return Reply(cid, task.group, metrics=metrics, payloads=payloads)
+
+    def _query(self, task: Task) -> Reply:
+        key, _, name = task.query.rpartition("/")
+        cb = self._by_key.get(key)
+        if cb is None:
+            raise KeyError(f"query {task.query!r} for client {task.client_id!r}: no callback {key!r} on this runtime")
+        answer = cb.answer_query(self.context(cb, task), name, cb.get_payload(task))
+        return Reply(task.client_id, task.group, payloads={key: answer})
+
+    def _regroup(self, task: Task) -> Reply:
+        """The client's private and optimiser states of group ``from`` go to each group in ``to``.
+
+        With one target the state moves (a cluster split: CFL); with several each gets a copy (sample-level
+        groups: the client trains in several of them).
+        """
+        cid, source, targets = task.client_id, task.options["from"], list(task.options["to"])
+        for store in (self.private, self.optimizer_states):
+            held = store.get(cid, {})
+            if source in held:
+                value = held.pop(source)
+                for target in targets:
+                    held[target] = copy.deepcopy(value) if len(targets) > 1 else value
+        return Reply(cid, task.group)
+
+    def _take_private(self, task: Task) -> Reply:
+        """The client's private state in the task's group (removed from here with option ``remove``)."""
+        held = self.private.get(task.client_id, {})
+        state = held.pop(task.group, None) if task.options.get("remove") else held.get(task.group)
+        return Reply(task.client_id, task.group, state=state)
+
+    def _put_private(self, task: Task) -> Reply:
+        if task.state is None:
+            self.private.get(task.client_id, {}).pop(task.group, None)
+        else:
+            self.private.setdefault(task.client_id, {})[task.group] = task.state
+        return Reply(task.client_id, task.group)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Every hosted client's state, keyed by client id first (so shards of clients can be merged)."""
+        samplers: dict[str, dict[str, int]] = {}
+        for (group, cid), sampler in self.subset_samplers.items():
+            samplers.setdefault(cid, {})[group] = sampler.epoch
+        return {
+            "private": self.private,
+            "optimizer_states": self.optimizer_states,
+            "callback_states": self.callback_states,
+            "subset_samplers": samplers,
+            "callbacks": {cb.state_key: cb.client_state_dict() for cb in self.callbacks},
+            "data": {c: epoch for c, epoch in self.data.sampler_state().items() if c in self.client_ids},
+            "generations": dict(self.generations),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the clients this runtime hosts)."""
+        self.private = {c: dict(g) for c, g in state["private"].items()}
+        self.optimizer_states = {c: dict(g) for c, g in state["optimizer_states"].items()}
+        self.callback_states = {c: {k: dict(v) for k, v in s.items()} for c, s in state["callback_states"].items()}
+        self.subset_samplers = {}
+        for cid, groups in state["subset_samplers"].items():
+            for group, epoch in groups.items():
+                # the size is re-bound on first use: SeededEpochSampler only needs (n, seed, epoch)
+                self.subset_samplers[(group, cid)] = _PendingSampler(int(epoch))
+        for cb in self.callbacks:
+            cb.load_client_state_dict(state["callbacks"].get(cb.state_key, {}))
+        self.data.load_sampler_state(state["data"])
+        self.generations = dict(state.get("generations", {}))
+
+
+class _PendingSampler:
+    """A restored subset sampler's epoch until the first task tells its subset size."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch

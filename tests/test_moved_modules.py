@@ -1,0 +1,85 @@
+"""Run directories and scripts from before the layout step: old module paths import, old run directories resume."""
+
+import importlib
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.cli import main
+from fl_lightning.outputs.config_diff import flatten
+from fl_lightning.server.federation import Federation
+from fl_lightning.startup.moved import MOVED, canonical_class_path
+from tests.anchors.runs import describe
+from tests.test_configs import metrics_without_timings, tiny_args
+
+FEDER = Path("configs/feder_digits.yaml")
+OLD_PATHS = {  # what a FedER run's config.yaml said before the move
+    "callbacks.feder.gan.": "fl_lightning.models.gan.",
+    "class_path: callbacks.ExperienceReplay": "class_path: callbacks.experience_replay.ExperienceReplay",
+}
+FAST_GAN = ["--trainer.callbacks.init_args.gan.epochs=1", "--trainer.callbacks.init_args.buffer_size=8"]
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_module_path_imports_the_moved_module_with_a_warning(old):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(MOVED[old])
+    assert any(issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) for w in caught) or (
+        old in importlib.sys.modules  # imported earlier in this process: no second warning
+    )
+
+
+def test_an_unknown_old_path_still_fails():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("fl_lightning.no_such_module")
+
+
+def test_saved_class_paths_compare_as_todays():
+    assert canonical_class_path("fl_lightning.models.gan.ConditionalGenerator") == (
+        "callbacks.feder.gan.ConditionalGenerator"
+    )
+    assert canonical_class_path("callbacks.FedProx") == "callbacks.fedprox.FedProx"
+    assert canonical_class_path("no_such_package.Thing") == "no_such_package.Thing"
+    old = {"trainer": {"callbacks": [{"class_path": "callbacks.experience_replay.ExperienceReplay", "init_args": {
+        "gan": {"generator": {"class_path": "fl_lightning.models.gan.ConditionalGenerator"}}}}]}}  # fmt: skip
+    new = {"trainer": {"callbacks": [{"class_path": "callbacks.feder.experience_replay.ExperienceReplay", "init_args": {
+        "gan": {"generator": {"class_path": "callbacks.feder.gan.ConditionalGenerator"}}}}]}}  # fmt: skip
+    assert flatten(old) == flatten(new)
+
+
+@pytest.mark.parametrize("resume_with", ["saved config", "shipped config"])
+def test_a_run_directory_from_before_the_move_resumes_to_the_uninterrupted_state(resume_with, tmp_path, monkeypatch):
+    main([*tiny_args(FEDER, tmp_path, "uninterrupted"), *FAST_GAN])
+    run_round = Federation.run_round
+
+    def crash_in_round_2(federation, r):
+        if r == 1:
+            raise Crash
+        return run_round(federation, r)
+
+    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
+    with pytest.raises(Crash):
+        main([*tiny_args(FEDER, tmp_path, "stopped"), *FAST_GAN])
+    monkeypatch.setattr(Federation, "run_round", run_round)
+    run = tmp_path / "stopped"
+    text = (run / "config.yaml").read_text()
+    for new, old in OLD_PATHS.items():
+        assert new in text, new
+        text = text.replace(new, old)
+    (run / "config.yaml").write_text(text)  # as the run directory was written before the move
+    if resume_with == "saved config":
+        args = ["--config", str(run / "config.yaml"), "--federation.run_name=stopped"]
+    else:
+        args = [*tiny_args(FEDER, tmp_path, "stopped"), *FAST_GAN]
+    main([*args, "--federation.resume=last"])
+    assert describe(run)["sha256"] == describe(tmp_path / "uninterrupted")["sha256"]
+    assert metrics_without_timings(run / "metrics.csv") == metrics_without_timings(
+        tmp_path / "uninterrupted" / "metrics.csv"
+    )
