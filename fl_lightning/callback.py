@@ -79,13 +79,16 @@ class ServerView(Protocol):
     transport: Transport
 
     @property
-    def run_path(self) -> Path | None: ...  # noqa: D102
+    def run_path(self) -> Path | None:
+        """The run directory (``None`` before the run opened it)."""
 
     @property
-    def device(self) -> torch.device: ...  # noqa: D102
+    def device(self) -> torch.device:
+        """Device of the Trainer."""
 
     @property
-    def has_global_model(self) -> bool: ...  # noqa: D102
+    def has_global_model(self) -> bool:
+        """Whether a server-side global model exists."""
 
     def num_samples(self, client_id: str, group: ModelGroup | None = None) -> int:
         """Training samples of a client (n_{i,m} of its subset in a sample-level group)."""
@@ -143,7 +146,8 @@ class RuntimeView(Protocol):
     note: Callable[[str], None]
 
     @property
-    def device(self) -> torch.device: ...  # noqa: D102
+    def device(self) -> torch.device:
+        """Device of the Trainer."""
 
 
 def _no_hosted_states() -> dict[str, dict[str, Any]]:
