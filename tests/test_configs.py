@@ -82,6 +82,21 @@ class Crash(Exception):
     """Stands for a kill: the run stops between two rounds, its round-1 checkpoint on disk."""
 
 
+def stop_after_round_1(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``train.py``'s main with ``args`` and stop it by an exception in round 2 (its checkpoint after round 1)."""
+    run_round = Federation.run_round
+
+    def crash_in_round_2(federation, r):
+        if r == 1:
+            raise Crash
+        return run_round(federation, r)
+
+    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
+    with pytest.raises(Crash):
+        main(args)
+    monkeypatch.setattr(Federation, "run_round", run_round)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_config_resumes_with_its_saved_config_to_the_uninterrupted_state(config, tmp_path, monkeypatch):
     """Stopped after round 1 and resumed with the command a refused resume suggests (``--config <run>/config.yaml``).
@@ -92,17 +107,7 @@ def test_config_resumes_with_its_saved_config_to_the_uninterrupted_state(config,
     (fedadam: ``initial_accumulator``; FedER: ``lpips_weights``, ``generators_from``).
     """
     main(tiny_args(config, tmp_path, "uninterrupted"))
-    run_round = Federation.run_round
-
-    def crash_in_round_2(federation, r):
-        if r == 1:
-            raise Crash
-        return run_round(federation, r)
-
-    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
-    with pytest.raises(Crash):
-        main(tiny_args(config, tmp_path, "stopped"))
-    monkeypatch.setattr(Federation, "run_round", run_round)
+    stop_after_round_1(tiny_args(config, tmp_path, "stopped"), monkeypatch)
     run = tmp_path / "stopped"
     resumed = main(["--config", str(run / "config.yaml"), "--federation.run_name=stopped", "--federation.resume=last"])
     assert describe(run)["sha256"] == describe(tmp_path / "uninterrupted")["sha256"]

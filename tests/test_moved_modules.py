@@ -8,10 +8,9 @@ import pytest
 
 from fl_lightning.cli import main
 from fl_lightning.outputs.config_diff import flatten
-from fl_lightning.server.federation import Federation
 from fl_lightning.startup.moved import MOVED, canonical_class_path
 from tests.anchors.runs import describe
-from tests.test_configs import metrics_without_timings, tiny_args
+from tests.test_configs import metrics_without_timings, stop_after_round_1, tiny_args
 
 FEDER = Path("configs/feder_digits.yaml")
 OLD_PATHS = {  # what a FedER run's config.yaml said before the move
@@ -19,10 +18,6 @@ OLD_PATHS = {  # what a FedER run's config.yaml said before the move
     "class_path: callbacks.ExperienceReplay": "class_path: callbacks.experience_replay.ExperienceReplay",
 }
 FAST_GAN = ["--trainer.callbacks.init_args.gan.epochs=1", "--trainer.callbacks.init_args.buffer_size=8"]
-
-
-class Crash(Exception):
-    pass
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -57,17 +52,7 @@ def test_saved_class_paths_compare_as_todays():
 @pytest.mark.parametrize("resume_with", ["saved config", "shipped config"])
 def test_a_run_directory_from_before_the_move_resumes_to_the_uninterrupted_state(resume_with, tmp_path, monkeypatch):
     main([*tiny_args(FEDER, tmp_path, "uninterrupted"), *FAST_GAN])
-    run_round = Federation.run_round
-
-    def crash_in_round_2(federation, r):
-        if r == 1:
-            raise Crash
-        return run_round(federation, r)
-
-    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
-    with pytest.raises(Crash):
-        main([*tiny_args(FEDER, tmp_path, "stopped"), *FAST_GAN])
-    monkeypatch.setattr(Federation, "run_round", run_round)
+    stop_after_round_1([*tiny_args(FEDER, tmp_path, "stopped"), *FAST_GAN], monkeypatch)
     run = tmp_path / "stopped"
     text = (run / "config.yaml").read_text()
     for new, old in OLD_PATHS.items():
