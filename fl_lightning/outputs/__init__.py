@@ -1,0 +1,1 @@
+"""What a run leaves behind and reads back: run directory, records, report, tracking, plots, checkpoints, resume."""
