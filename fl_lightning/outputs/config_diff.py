@@ -15,6 +15,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
+
 from fl_lightning.startup.moved import canonical_class_path
 
 # Dotted keys that may differ on resume (with everything below them: ``trainer.logger.init_args.offline``,
@@ -75,8 +76,9 @@ def flatten(config: Mapping[str, Any], prefix: str = "", canonical: bool = True)
     its class paths (their order matters: hooks run in it) plus one key per argument,
     ``trainer.callbacks[FedProx].mu``; a second entry of the same class is ``[FedProx#2]``. Every other list is
     one value. With ``canonical``, class paths name where the class is defined
-    (:func:`~fl_lightning.startup.moved.canonical_class_path`, so a path from before a move compares equal). Values are normalised as YAML would store them (tuples as lists, paths as strings), so a config
-    parsed from ``config.yaml`` and one from the parser compare equal when they say the same.
+    (:func:`~fl_lightning.startup.moved.canonical_class_path`, so a path from before a move compares equal).
+    Values are normalised as YAML would store them (tuples as lists, paths as strings), so a config parsed from
+    ``config.yaml`` and one from the parser compare equal when they say the same.
     """
     flat: dict[str, Any] = {}
     for key, value in config.items():

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from fl_lightning.wire.protocol import POOLED
-
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fl_lightning.outputs.checkpoint import CHECKPOINT_DIR, find_last_checkpoint, list_checkpoints, load_checkpoint
 from fl_lightning.outputs.config_diff import ALLOWED_TO_CHANGE, describe, diff_configs, load_saved_config
-
+from fl_lightning.wire.protocol import POOLED
 
 
 def resolve_resume(

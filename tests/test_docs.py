@@ -1,0 +1,144 @@
+"""The docs say what exists: every command shown parses, every path, config and class path named exists."""
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.cli import build_cli
+from fl_lightning.config_reference import class_entries, undocumented
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "experiments").glob("*/README.md"))]
+SOURCES = sorted(p for pkg in ("fl_lightning", "callbacks", "datamodules") for p in (REPO / pkg).rglob("*.py"))
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+# Values for the shell variables of the docs' loops (the comparing-methods tutorial).
+SHELL_VARS = {"$seed": "0", "${method}": "fedavg"}
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S)
+
+
+def train_commands() -> list[tuple[str, list[str]]]:
+    """``(where, arguments)`` of every ``python train.py …`` line in a code block of the README or the docs."""
+    found = []
+    for doc in DOCS:
+        for block in code_blocks(doc.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.strip()
+                if not line.startswith("python train.py") or "<" in line or "…" in line or "$A" in line:
+                    continue
+                for var, value in SHELL_VARS.items():
+                    line = line.replace(var, value)
+                args = shlex.split(line, comments=True)[2:]
+                found.append((doc.relative_to(REPO).as_posix(), args))
+    return found
+
+
+COMMANDS = train_commands()
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) > 20, COMMANDS
+
+
+@pytest.mark.parametrize(("where", "args"), COMMANDS, ids=[f"{w}:{' '.join(a)[:60]}" for w, a in COMMANDS])
+def test_every_train_command_in_the_docs_parses(where, args):
+    """The CLI parses it: ``--print_config`` checks every key and value without training (``--help`` prints)."""
+    extra = [] if "--help" in args or "--print_config" in args else ["--print_config"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        build_cli([*args, *extra])
+    assert stop.value.code in (0, None), (where, args, out.getvalue()[-2000:])
+
+
+PATH = re.compile(
+    r"(?<![\w/.])((?:configs|callbacks|fl_lightning|datamodules|experiments|benchmarks|tests|docs)/[\w./-]*\w\.(?:py|yaml|md|json|png|txt))"
+)
+CONFIG_NAME = re.compile(r"(?<![\w/.{])(\w+_(?:digits|medmnist)\w*\.yaml)")
+CLASS_PATH = re.compile(r"(?<![\w./])((?:callbacks|datamodules|fl_lightning)(?:\.\w+)+)")
+
+
+def mentions(pattern: re.Pattern) -> list[tuple[str, str]]:
+    out = set()
+    for path in [*DOCS, *SOURCES, *CONFIGS]:
+        text = path.read_text()
+        out.update((path.relative_to(REPO).as_posix(), m) for m in pattern.findall(text))
+    return sorted(out)
+
+
+def test_every_file_path_named_in_docs_docstrings_and_configs_exists():
+    def exists(where: str, p: str) -> bool:  # a docs page's link may be relative to its page
+        return any((base / p).exists() for base in (REPO, (REPO / where).parent, REPO / "docs")) or "*" in p
+
+    assert [(where, p) for where, p in mentions(PATH) if not exists(where, p)] == []
+
+
+def test_every_config_named_exists():
+    missing = [(where, c) for where, c in mentions(CONFIG_NAME) if not (REPO / "configs" / c).exists()]
+    assert missing == []
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or an attribute chain under one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_class_path_named_resolves():
+    # a build artefact, a test's own unknown path, and two names that are not modules: the Flower Array's stype
+    # tag of our messages and a logger's name
+    skip = ("fl_lightning.egg", "fl_lightning.no_such_module", "fl_lightning.message", "fl_lightning.flower_worker")
+    missing = [(where, d) for where, d in mentions(CLASS_PATH) if not d.startswith(skip) and not resolves(d)]
+    assert missing == []
+
+
+def test_the_checks_can_fail(tmp_path):
+    assert not resolves("callbacks.NoSuchMethod") and resolves("callbacks.FedProx")
+    assert PATH.findall("see `configs/feddyn_digits.yaml` and fl_lightning/cli.py") == [
+        "configs/feddyn_digits.yaml", "fl_lightning/cli.py"
+    ]  # fmt: skip
+    assert not (REPO / "configs/feddyn_digits.yaml").exists()
+
+
+def config_sections() -> dict:
+    """The docs build's sections (``docs/hooks/generated.py``: every client, datamodule and method shipped)."""
+    spec = importlib.util.spec_from_file_location("docs_hook", REPO / "docs" / "hooks" / "generated.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook.config_sections()
+
+
+def test_every_config_key_has_a_docstring():
+    parts = config_sections()
+    assert {"federation", "model", "data", "trainer.callbacks"} <= set(parts) and len(parts["trainer.callbacks"]) > 15
+    assert undocumented(parts) == []
+
+
+def test_an_argument_without_a_docstring_is_found():
+    class Undocumented:
+        def __init__(self, documented: int = 1, silent: float = 0.5) -> None:
+            """A class.
+
+            Args:
+                documented: Says something.
+            """
+
+    entries = {e.key: e.help for e in class_entries(Undocumented, "x.")}
+    assert entries["x.documented"] == "Says something." and entries["x.silent"] == ""
