@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.sampler import SeededEpochSampler, stable_seed
+from datamodules.shifts import style_name
 from datamodules.split import check_labels
 
 POOLED_KEY = "__pooled__"
@@ -273,6 +274,30 @@ class FederatedDataModule(L.LightningDataModule):
 
         """
         return len(self.client_data(client_id).test_y)
+
+    def label_names(self) -> list[str] | None:
+        """The classes' names (index = class id) where the data have them, else None (figures then show ids)."""
+        return None
+
+    def image_sources(self, client_id: str) -> tuple[list[str], str] | None:
+        """Where each of the client's training images comes from, for figures such as ``sites.png``.
+
+        With ``site_styles`` (the embedded digits, MedMNIST), an image's domain is its style's index, named by
+        :func:`~datamodules.shifts.style_name`; otherwise its domain id, if the data have domains.
+
+        Returns:
+            ``(a name per training image, "styles" or "domains")``, or None if the data describe neither.
+
+        Raises:
+            KeyError: If ``client_id`` is not one of :attr:`client_ids`.
+        """
+        domains = self.client_data(client_id).train_domain
+        if domains is None:
+            return None
+        spec = getattr(self, "site_styles", None)
+        if spec is not None and spec is not False:
+            return [style_name(spec, d) for d in domains.tolist()], "styles"
+        return [f"domain {d}" for d in domains.tolist()], "domains"
 
     def label_counts(self, client_id: str, split: str = "train") -> Tensor:
         """Per-class sample counts of a client.

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from datamodules.assemble import convert_channels, resize_images, subsample
 from datamodules.base import ClientSplit, FederatedDataModule
 from datamodules.embedded_digits import load_digits
 from datamodules.partition import partition
 from datamodules.sampler import stable_seed
-from datamodules.shifts import SiteStyle, StyleSpec, apply_style, resolve_site_styles
+from datamodules.shifts import SiteStyle, StyleSpec, apply_style, resolve_site_styles, style_name
 from datamodules.split import split_train_test
 
 SEG_DIGITS = (0, 1, 3, 4)  # digit d is class SEG_DIGITS.index(d) + 1; class 0 is the background
@@ -144,6 +145,19 @@ class DigitsSegFederated(FederatedDataModule):
         self.max_samples_per_client = max_samples_per_client
         self._declared_num_classes = len(SEG_DIGITS) + 1
         self._source = "digits_seg"
+
+    @override
+    def label_names(self) -> list[str]:
+        """``background``, then the digits in mask-class order (class d + 1 is digit ``SEG_DIGITS[d]``)."""
+        return ["background", *(f"digit {d}" for d in SEG_DIGITS)]
+
+    @override
+    def image_sources(self, client_id: str) -> tuple[list[str], str] | None:
+        """Site ``i``'s style for each of its images: here the domain is the inversion, not the style."""
+        if self.site_styles is False:
+            return super().image_sources(client_id)
+        n = self.num_train_samples(client_id)
+        return [style_name(self.site_styles, self.client_ids.index(client_id))] * n, "styles"
 
     def _scans(self) -> tuple[Tensor, np.ndarray]:
         """The {0, 1, 3, 4} scans resized to the digit size, and their class ids (1 …)."""

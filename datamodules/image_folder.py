@@ -170,6 +170,10 @@ class ImageFolderFederated(FederatedDataModule):
             splits += build_client_splits(x, y, [np.arange(len(y))], [client_dir.name], self.test_fraction, self.seed)
         return splits
 
+    def label_names(self) -> list[str]:
+        """The class directories' names, in label order (:attr:`class_names`)."""
+        return self.class_names
+
     @property
     def class_names(self) -> list[str]:
         """Class names in label order."""

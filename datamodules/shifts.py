@@ -324,3 +324,19 @@ def apply_style(images: torch.Tensor, style: SiteStyle, seed: int) -> torch.Tens
     if style.invert:
         x = 1.0 - x
     return x.clamp(0.0, 1.0)
+
+
+def style_name(site_styles: Any, index: int) -> str:
+    """A short name of style ``index`` of a datamodule's ``site_styles`` argument (``true`` or a list of specs)."""
+    if site_styles is True:
+        return DEFAULT_SITE_SEQUENCE[index] if index < len(DEFAULT_SITE_SEQUENCE) else "random style"
+    try:
+        spec = site_styles[index]
+    except (IndexError, KeyError, TypeError):
+        return f"style {index}"
+    if isinstance(spec, SiteStyle):
+        default = SiteStyle()
+        spec = {k: v for k, v in vars(spec).items() if v != getattr(default, k)}
+    if isinstance(spec, Mapping):
+        return "+".join(f"{k}={v}" for k, v in spec.items()) or "clean"
+    return str(spec)

@@ -41,7 +41,13 @@ def _type_name(hint: Any) -> str:
         return ""
     if isinstance(hint, type):
         return hint.__name__
-    return re.sub(r"\b(typing|collections\.abc|pathlib|torch|lightning\.pytorch)\.", "", str(hint))
+    text = re.sub(r"\b(typing|collections\.abc|pathlib|torch|lightning\.pytorch)\.", "", str(hint))
+    text = text.replace("NoneType", "None")
+    union = re.fullmatch(r"(?:Union|Optional)\[(.*)\]", text)
+    if union:  # as Python 3.10 writes it
+        text = " | ".join(part.strip() for part in union.group(1).split(","))
+    literal = re.fullmatch(r"Literal\[(.*)\]", text)
+    return " | ".join(v.strip() for v in literal.group(1).split(",")) if literal else text
 
 
 def _default(value: Any) -> str:
@@ -91,10 +97,6 @@ def undocumented(parts: Sections) -> list[str]:
     return [e.key for classes in parts.values() for _, entries in classes for e in entries if not e.help]
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 INTRO = """# Config reference
 
 Every key `python train.py` accepts, generated as its parser reads them (the docs build writes this page with
@@ -126,7 +128,6 @@ def reference_markdown(parts: Sections) -> str:
             if not entries:
                 lines.append("No arguments.\n")
                 continue
-            lines.append("| key | type | default | what it does |\n|---|---|---|---|")
-            lines += [f"| `{e.key}` | `{_cell(e.type)}` | `{_cell(e.default)}` | {_cell(e.help)} |" for e in entries]
+            lines += [f"- **`{e.key}`** (`{e.type}`, default `{e.default}`): {e.help}" for e in entries]
             lines.append("")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import json
 import re
 import shlex
 from pathlib import Path
@@ -142,3 +143,24 @@ def test_an_argument_without_a_docstring_is_found():
 
     entries = {e.key: e.help for e in class_entries(Undocumented, "x.")}
     assert entries["x.documented"] == "Says something." and entries["x.silent"] == ""
+
+
+def test_every_column_and_key_a_run_writes_is_documented(tmp_path):
+    from fl_lightning.cli import main
+
+    main(["--config", "configs/fedbn_digits.yaml", "--trainer.logger=false", "--federation.rounds=1",
+          "--federation.progress=false", "--federation.plots=false", "--data.max_samples_per_client=20",
+          "--data.image_size=8", "--model.width=4", f"--federation.output_dir={tmp_path}",
+          "--federation.run_name=r"])  # fmt: skip
+    page = (REPO / "docs" / "reference" / "run-directory.md").read_text()
+    run = tmp_path / "r"
+    names = set()
+    for csv_name in ("metrics.csv", "rounds.csv"):
+        names.update((run / csv_name).read_text().splitlines()[0].split(","))
+    names.update(json.loads((run / "summary.json").read_text()))
+    metric_names = {
+        n.rsplit("/", 1)[-1] for n in names if "/" in n and n.split("/")[0] in ("global", "personal", "eval")
+    }
+    plain = {n for n in names if not n.startswith(("global/", "personal/", "eval/"))}
+    missing = sorted(n for n in plain | metric_names if f"`{n}`" not in page and f"`{n}," not in page)
+    assert missing == []

@@ -1,4 +1,4 @@
-"""PNG figures of a run: learning curves and the partition of the data over clients.
+"""PNG figures of a run: learning curves, the partition of the data over clients and example images per client.
 
 Up to :data:`MANY_CLIENTS` clients the figures draw one bar or line per client; beyond, distributions and heat maps
 whose number of artists does not grow with the clients (a figure of 1,000 clients draws as fast as one of 50, and
@@ -8,6 +8,7 @@ stays readable). matplotlib is imported on the first figure, not with this modul
 
 from __future__ import annotations
 
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -22,12 +23,14 @@ if TYPE_CHECKING:
 
 # Above this many clients, figures show distributions and heat maps instead of one bar or line per client.
 MANY_CLIENTS = 50
+# Above this many bytes, a colour sites.png is written with a 256-colour palette instead of full RGB.
+COMPACT_PNG_BYTES = 200_000
 
 
 _PYPLOT: list[Any] = []  # pyplot, once imported
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """Matplotlib's pyplot, chosen the non-interactive Agg backend on first use (files only; needs no display)."""
     if not _PYPLOT:
         import matplotlib
@@ -57,7 +60,7 @@ def plot_curves(client_rows: list[dict[str, Any]], path: Path, metric: str = "ac
     fig = curves_figure(client_rows, metric)
     if fig is None:
         return False
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -82,26 +85,50 @@ def by_round(series: dict[str, list[tuple[int, float]]]) -> tuple[list[int], lis
     return rounds, [np.asarray(values[r], dtype=float) for r in rounds]
 
 
+def personal_repeats_global(client_rows: list[dict[str, Any]], metric: str = "acc") -> bool:
+    """Whether every row's personal ``metric`` equals its global one exactly (and at least one row has one).
+
+    The client runtime copies the global metrics into the personal ones when a client keeps nothing private
+    (FedAvg): a personal panel would then repeat the global panel. Numbers are compared exactly, as written.
+    """
+    pairs = [(_num(r.get(f"global/{metric}")), _num(r.get(f"personal/{metric}"))) for r in client_rows]
+    personal = [(g, p) for g, p in pairs if p is not None]
+    return bool(personal) and all(g == p for g, p in personal)
+
+
 def curves_figure(client_rows: list[dict[str, Any]], metric: str = "acc") -> Figure | None:
-    """The figure of :func:`plot_curves`, or None if no round was evaluated yet."""
+    """The figure of :func:`plot_curves`, or None if no round was evaluated yet.
+
+    One panel per evaluated model (global, personal), except that the personal panel is left out when it would
+    repeat the global one (:func:`personal_repeats_global`); the global panel's title then says so. Rounds are
+    whole numbers, so the x axis has integer ticks only.
+    """
     models = [m for m in ("global", "personal") if any(_num(r.get(f"{m}/{metric}")) is not None for r in client_rows)]
     if not models:
         return None
-    plt = _pyplot()
+    same = "personal" in models and "global" in models and personal_repeats_global(client_rows, metric)
+    if same:
+        models.remove("personal")
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False, sharey=True)
     many = False
     for ax, model in zip(axes[0], models):
         series = curve_series(client_rows, model, metric)
         rounds, values = by_round(series)
         many = len(series) > MANY_CLIENTS
+        label = "global model (= personal)" if same else f"{model} model"
+        marker = "o" if len(rounds) == 1 else None  # a one-round line has no length: show its point
         if many:
             _draw_bands(ax, rounds, values, worst=np.max if metric == "loss" else np.min)
-            ax.set_title(f"{model} model: test {metric} over {len(series)} clients")
+            ax.set_title(f"{label}: test {metric} over {len(series)} clients")
         else:
             for cid, points in sorted(series.items()):
-                ax.plot(*zip(*points), lw=1, alpha=0.6, label=cid)
-            ax.set_title(f"{model} model: test {metric} per client")
-        ax.plot(rounds, [float(v.mean()) for v in values], "k-", lw=2.5, label="mean")
+                ax.plot(*zip(*points), lw=1, alpha=0.6, marker=marker, ms=3, label=cid)
+            ax.set_title(f"{label}: test {metric} per client")
+        ax.plot(rounds, [float(v.mean()) for v in values], "k-", lw=2.5, marker=marker, label="mean")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # 1 round: one tick
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric)
@@ -135,7 +162,7 @@ def plot_partition(
         label_unit: What ``label_counts`` counts: ``samples``, or ``pixels`` for segmentation masks.
 
     """
-    _save(partition_figure(label_counts, domain_counts, label_unit), path)
+    save_figure(partition_figure(label_counts, domain_counts, label_unit), path)
 
 
 def partition_figure(
@@ -145,7 +172,7 @@ def partition_figure(
     panels = [("class", label_counts, label_unit)]
     if domain_counts:
         panels.append(("site / domain", domain_counts, "samples"))
-    plt = _pyplot()
+    plt = pyplot()
     if len(label_counts) > MANY_CLIENTS:
         return _partition_heatmaps(plt, panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
@@ -216,7 +243,7 @@ def plot_node_matrix(matrix: dict[str, dict[str, dict[str, Any]]], path: Path, m
         metric: The metric to show.
 
     """
-    plt = _pyplot()
+    plt = pyplot()
     nodes = list(matrix)
     values = np.array([[_num(matrix[h][t].get(metric)) or np.nan for t in nodes] for h in nodes], dtype=float)
     fig, ax = plt.subplots(figsize=(1.2 * len(nodes) + 2, 1.0 * len(nodes) + 1.5))
@@ -230,7 +257,7 @@ def plot_node_matrix(matrix: dict[str, dict[str, dict[str, Any]]], path: Path, m
     ax.set_ylabel("model held by node")
     ax.set_title(f"test {metric}: every node's model on every node's data")
     fig.colorbar(image, ax=ax)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _num(value: Any) -> float | None:
@@ -241,12 +268,54 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(out) else out
 
 
-def _save(fig: Figure, path: Path) -> None:
-    fig.tight_layout()
+def save_figure(fig: Figure, path: Path, dpi: int = 110, compact: bool = False) -> None:
+    """Write ``fig`` to ``path`` through a temporary file that is renamed (never a half-written PNG), and close it.
+
+    A figure without a layout engine of its own gets the tight layout.
+
+    Args:
+        fig: The figure.
+        path: Output PNG.
+        dpi: Resolution.
+        compact: Write the smallest faithful PNG (:func:`_compact_png`) instead of matplotlib's RGBA one; for
+            figures of many images, whose pixels dominate the file.
+    """
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    _pyplot().close(fig)
+    if compact:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=dpi, format="png")
+        tmp.write_bytes(_compact_png(buffer.getvalue()))
+    else:
+        fig.savefig(tmp, dpi=dpi)
+    pyplot().close(fig)
     tmp.replace(path)
+
+
+def _compact_png(png: bytes) -> bytes:
+    """``png`` re-encoded small: 8-bit grey if every pixel is grey (lossless), else RGB without the opaque alpha.
+
+    A colour image still over :data:`COMPACT_PNG_BYTES` gets a 256-colour palette (median cut, no dithering:
+    deterministic; colour photographs lose some nuance, the figure's text and masks none that matter).
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        rgb = image.convert("RGB")
+    pixels = np.asarray(rgb)
+    grey = bool((pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all())
+    out = _png_bytes(rgb.convert("L") if grey else rgb)
+    if not grey and len(out) > COMPACT_PNG_BYTES:
+        out = _png_bytes(rgb.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE))
+    return out
+
+
+def _png_bytes(image: Any) -> bytes:
+    """A PIL image as PNG bytes (zlib's default level: ``optimize`` would cost seconds on a large RGB figure)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def domain_counts(data: Any) -> dict[str, Any] | None:

@@ -13,12 +13,17 @@ from fl_lightning.outputs.environment import environment_record
 from fl_lightning.outputs.plots import domain_counts, plot_curves, plot_node_matrix, plot_partition
 from fl_lightning.outputs.resume import check_clients_match, check_resume_config, resolve_resume
 from fl_lightning.outputs.run_dir import RunDirectory
+from fl_lightning.outputs.sites import plot_sites, site_examples
 
 
 def new_run_directory(
     cfg: FederationConfig, config_text: str | None, seed: int, data: FederatedDataModule, partition: bool
 ) -> RunDirectory:
-    """A fresh run directory with ``config.yaml``, ``environment.json`` and (``partition``) ``partition.png``."""
+    """A fresh run directory with ``config.yaml``, ``environment.json`` and (``partition``) the data's figures.
+
+    The figures, written only where the server holds the data (a simulation), are ``partition.png`` (labels and
+    sites per client) and ``sites.png`` (example training images per client).
+    """
     run_dir = RunDirectory(cfg.output_dir, cfg.run_name, suffix=cfg.mode)
     if config_text is not None:
         run_dir.write_config(config_text)
@@ -28,6 +33,7 @@ def new_run_directory(
         counts = {c: data.label_counts(c).numpy() for c in ids}
         unit = "pixels" if data.client_data(ids[0]).train_y.ndim > 1 else "samples"  # masks count pixels
         plot_partition(counts, run_dir.path / "partition.png", domain_counts(data), unit)
+        plot_sites(site_examples(data), run_dir.path / "sites.png", len(ids), data.label_names())
     return run_dir
 
 

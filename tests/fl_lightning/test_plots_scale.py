@@ -9,7 +9,7 @@ from fl_lightning.outputs import plots
 
 
 def _close(fig) -> None:
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def _counts(n: int, k: int, seed: int = 0) -> dict[str, np.ndarray]:
