@@ -5,6 +5,7 @@ from datamodules.digits import DigitsFederated
 from datamodules.digits_seg import DigitsSegFederated
 from datamodules.image_folder import ImageFolderFederated
 from datamodules.medmnist import MedMNISTFederated
+from datamodules.nifti import NiftiSegFederated
 from datamodules.partition import (
     PARTITION_SCHEMES,
     partition,
@@ -17,6 +18,7 @@ from datamodules.partition import (
 from datamodules.sampler import SeededEpochSampler, stable_seed
 from datamodules.seg_folder import SegFolderFederated
 from datamodules.shifts import SiteStyle, apply_style, default_site_styles
+from datamodules.site_table import SiteTableFederated
 from datamodules.split import split_train_test
 from datamodules.synthetic import SyntheticFederated
 
@@ -28,9 +30,11 @@ __all__ = [
     "FederatedDataModule",
     "ImageFolderFederated",
     "MedMNISTFederated",
+    "NiftiSegFederated",
     "SeededEpochSampler",
     "SegFolderFederated",
     "SiteStyle",
+    "SiteTableFederated",
     "SyntheticFederated",
     "apply_style",
     "default_site_styles",

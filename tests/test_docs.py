@@ -23,7 +23,9 @@ SHELL_VARS = {"$seed": "0", "${method}": "fedavg"}
 
 
 def code_blocks(text: str) -> list[str]:
-    return re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S)
+    """The shell blocks of a Markdown text (fences tagged bash, sh, console or untagged; others are skipped whole)."""
+    blocks = re.findall(r"^```([\w-]*)[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+    return [body for tag, body in blocks if tag in ("", "bash", "sh", "console", "shell")]
 
 
 def train_commands() -> list[tuple[str, list[str]]]:

@@ -1,4 +1,4 @@
-"""Semantic segmentation client: per-pixel classes, loss CE + soft Dice, Dice and mIoU metrics."""
+"""Semantic segmentation client: per-pixel classes, loss CE + soft Dice; Dice, mIoU, HD95 and surface Dice metrics."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ from fl_lightning.clients.segmentation_metrics import (
     soft_dice_loss,
     soft_dice_sums,
 )
+from fl_lightning.clients.surface_metrics import (
+    SURFACE_TOLERANCE,
+    surface_metrics_from_sums,
+    surface_metrics_per_image,
+    surface_sums,
+)
 from fl_lightning.models.segmenters import build_segmenter
 from fl_lightning.models.unet import SegNormKind
 
@@ -30,7 +36,10 @@ class SegmentationClient(ClientModule):
     ``evaluate`` reports, over all pixels of the test set: ``dice`` (mean Dice of the foreground
     classes; the primary metric), ``dice_with_background`` (mean over all classes, background
     included), ``miou`` (torchmetrics' macro Jaccard index, background included, classes absent from
-    targets and predictions left out), ``acc`` (pixel accuracy) and ``loss`` (CE + soft Dice).
+    targets and predictions left out), ``acc`` (pixel accuracy) and ``loss`` (CE + soft Dice); and per image
+    and foreground class, averaged over the images where defined and then over the classes: ``hd95`` (95th-percentile
+    Hausdorff distance in pixels, lower is better) and ``surface_dice`` (normalised surface distance at tolerance
+    ``surface_tolerance``); definitions and empty-mask cases in :mod:`fl_lightning.clients.surface_metrics`.
 
     Args:
         num_classes: Classes including background (linked from the data).
@@ -46,6 +55,8 @@ class SegmentationClient(ClientModule):
         lr: Local learning rate.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 weight decay of the local optimiser.
+        surface_tolerance: Tolerance τ of the evaluation's ``surface_dice``, in pixels: a boundary pixel within τ
+            of the other mask's boundary counts as correct (default 1: one pixel of boundary jitter is tolerated).
 
     """
 
@@ -66,6 +77,7 @@ class SegmentationClient(ClientModule):
         lr: float = 1e-3,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
+        surface_tolerance: float = SURFACE_TOLERANCE,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -74,6 +86,8 @@ class SegmentationClient(ClientModule):
             raise ValueError(f"model.lr must be positive, got {lr}")
         if dice_weight < 0:
             raise ValueError(f"model.dice_weight must be >= 0, got {dice_weight}")
+        if not 0 <= surface_tolerance < float("inf"):
+            raise ValueError(f"model.surface_tolerance must be finite and >= 0, got {surface_tolerance}")
         self.save_hyperparameters()
         self.net = build_segmenter(
             arch, in_channels, num_classes, tuple(image_size), width=width, depth=depth, norm=norm, encoder=encoder
@@ -95,10 +109,10 @@ class SegmentationClient(ClientModule):
         return loss
 
     def evaluate(self, batches: Iterable[Any], device: torch.device) -> dict[str, float]:
-        """Dice (foreground), Dice with background, mIoU, pixel accuracy and loss over all ``batches``.
+        """Dice (foreground), Dice with background, mIoU, pixel accuracy, loss, HD95 and surface Dice over ``batches``.
 
-        Counts are accumulated on the device batch by batch (never all logits at once), so the metrics
-        are exact whatever the batch size and memory stays at one batch.
+        Counts (and the per-image HD95 and surface Dice sums) are accumulated on the device batch by batch (never
+        all logits at once), so the metrics are exact whatever the batch size and memory stays at one batch.
         """
         parts = self.evaluation_parts(batches, device)
         return self.metrics_from_parts(parts) if parts else {}
@@ -107,6 +121,9 @@ class SegmentationClient(ClientModule):
     def evaluation_parts(self, batches: Iterable[Any], device: torch.device) -> dict[str, Tensor]:
         """Additive counts of one test set (pixel confusion, mIoU confusion, soft-Dice sums, CE sum, pixels).
 
+        Also, per foreground class, the sums over the test images of HD95 and surface Dice and the number of images
+        where they are defined (``hd95_sum``, ``surface_dice_sum``, ``surface_images``): HD95 itself does not add
+        up over test sets, these do, so the pooled HD95 is the mean over all pooled images, as on one test set.
         Counts of several test sets add up to the counts of their union exactly (integers; the float sums
         to rounding), so pooled metrics need no prediction to leave a client.
         """
@@ -121,6 +138,11 @@ class SegmentationClient(ClientModule):
         inter = torch.zeros(num_classes, device=device)
         denom = torch.zeros(num_classes, device=device)
         ce_sum, pixels = torch.zeros((), dtype=torch.float64, device=device), 0
+        surface = {
+            "hd95_sum": torch.zeros(num_classes - 1, dtype=torch.float64, device=device),
+            "surface_dice_sum": torch.zeros(num_classes - 1, dtype=torch.float64, device=device),
+            "surface_images": torch.zeros(num_classes - 1, dtype=torch.int64, device=device),
+        }
         for batch in batches:
             x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
             logits = self(x).float()
@@ -130,6 +152,9 @@ class SegmentationClient(ClientModule):
             i, d = soft_dice_sums(logits, y)
             inter, denom = inter + i, denom + d
             ce_sum += F.cross_entropy(logits, y, reduction="sum").double()
+            per_image = surface_metrics_per_image(preds, y, num_classes, self.hparams.surface_tolerance)
+            for k, v in surface_sums(*per_image).items():
+                surface[k] += v
             pixels += y.numel()
         self.train(was_training)
         if not pixels:
@@ -141,6 +166,7 @@ class SegmentationClient(ClientModule):
             "denom": denom.cpu(),
             "ce_sum": ce_sum.cpu(),
             "pixels": torch.tensor(pixels),
+            **{k: v.cpu() for k, v in surface.items()},
         }
 
     pooled_parts_are_predictions = False  # additive counts: pooled metrics never need a prediction
@@ -166,7 +192,13 @@ class SegmentationClient(ClientModule):
         loss = float(parts["ce_sum"]) / int(parts["pixels"])
         if self.hparams.dice_weight:
             loss += self.hparams.dice_weight * float(soft_dice_from_sums(parts["inter"], parts["denom"]))
-        return {**segmentation_metrics(parts["confusion"]), "miou": float(jaccard.compute()), "loss": loss}
+        surface = surface_metrics_from_sums(parts["hd95_sum"], parts["surface_dice_sum"], parts["surface_images"])
+        return {
+            **segmentation_metrics(parts["confusion"]),
+            "miou": float(jaccard.compute()),
+            "loss": loss,
+            **surface,
+        }
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit, learning rate ``lr · lr_factor``.

@@ -3,6 +3,13 @@
 Counts are accumulated over all pixels of a client's test set (not averaged per batch or per image), so
 the numbers do not depend on the batch size. A class absent from both the targets and the predictions
 has no defined Dice and is left out of the means (as torchmetrics' macro Jaccard index does).
+
+This Dice equals torchmetrics' ``DiceScore(include_background=False, average="macro", aggregation_level="global")``
+(``tests/clients/test_surface_metrics.py`` pins it; its default ``aggregation_level="samplewise"``, the mean of
+per-image Dice, is another metric). It stays hand-written because it is read off the pixel confusion matrix the
+evaluation keeps for accuracy anyway: a (C, C) integer count whose sum over clients is exactly the pooled test set's,
+where ``DiceScore`` would add two metric objects (foreground, with background) whose per-image states grow with the
+test set. Boundary metrics (HD95, surface Dice) are in :mod:`fl_lightning.clients.surface_metrics`.
 """
 
 from __future__ import annotations

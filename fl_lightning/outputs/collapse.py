@@ -8,7 +8,13 @@ method whose weights stay finite is never counted as a failed client. These chec
   more than one class);
 * **balanced accuracy at chance**: pooled balanced accuracy ≤ 1 / ``num_classes`` + ``margin``;
 * **training loss growth**: some round's mean training loss is ``factor`` times (default 100, two orders of
-  magnitude) the first round's.
+  magnitude) the first round's;
+* **single class on some sites**: the global model predicts one class on a client's test set although that set
+  holds several (``single_class_clients``), even when the pooled test set hides it;
+* **no foreground** (segmentation): a client's foreground Dice is 0, as a model that predicts background
+  everywhere scores (``zero_dice_clients``);
+* **degenerate evaluation rounds**: rounds in which the global model predicted a single class (or no foreground)
+  on every evaluated client (``degenerate_rounds``), recorded even when a later round recovered.
 
 Each check is ``None`` when the run records nothing to decide it (segmentation has no balanced accuracy; local,
 peer-to-peer and multi-model runs have no pooled evaluation; centralised runs record no per-client train loss).
@@ -55,20 +61,33 @@ class Collapse:
     single_class_predictions: bool | None = None
     balanced_acc_at_chance: bool | None = None
     train_loss_growth: bool | None = None
+    single_class_clients: tuple[str, ...] | None = None
+    zero_dice_clients: tuple[str, ...] | None = None
+    degenerate_rounds: tuple[int, ...] | None = None
     messages: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def detected(self) -> bool:
-        """Whether any check fired."""
-        return bool(self.single_class_predictions or self.balanced_acc_at_chance or self.train_loss_growth)
+        """Whether any check of the final models fired (degenerate rounds a run recovered from do not count)."""
+        return bool(
+            self.single_class_predictions
+            or self.balanced_acc_at_chance
+            or self.train_loss_growth
+            or self.single_class_clients
+            or self.zero_dice_clients
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The ``collapse`` entry of ``summary.json``."""
+        listed = lambda v: None if v is None else list(v)  # noqa: E731
         return {
             "detected": self.detected,
             "single_class_predictions": self.single_class_predictions,
             "balanced_acc_at_chance": self.balanced_acc_at_chance,
             "train_loss_growth": self.train_loss_growth,
+            "single_class_clients": listed(self.single_class_clients),
+            "zero_dice_clients": listed(self.zero_dice_clients),
+            "degenerate_rounds": listed(self.degenerate_rounds),
             "messages": list(self.messages),
         }
 
@@ -101,6 +120,63 @@ def single_class_predictions(pooled: Mapping[str, float]) -> bool | None:
     if predicted is None or auroc is None:
         return None
     return int(predicted) == 1 and not math.isnan(auroc)
+
+
+def _number(value: Any) -> float | None:
+    """A metric as a float (rows read back from a CSV hold strings; an empty cell is no value)."""
+    if value is None or value == "":
+        return None
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+def single_class_clients(per_client: Mapping[str, Mapping[str, Any]]) -> list[str] | None:
+    """Clients on whose test set the model predicts one class although the set holds several; None without numbers.
+
+    As :func:`single_class_predictions`, per client: ``predicted_classes`` 1 and a defined ``auroc`` (AUROC is NaN
+    exactly when the test set holds a single class).
+    """
+    decided = {c: m for c, m in per_client.items() if _number(m.get("predicted_classes")) is not None}
+    if not decided:
+        return None
+    several = {c: m for c, m in decided.items() if _number(m.get("auroc")) is not None}  # AUROC NaN: one class held
+    return [c for c, m in several.items() if _number(m["predicted_classes"]) == 1]
+
+
+def zero_dice_clients(per_client: Mapping[str, Mapping[str, Any]]) -> list[str] | None:
+    """Segmentation: clients whose foreground Dice is 0 (no predicted foreground overlaps a mask); None without Dice."""
+    decided = {c: _number(m.get("dice")) for c, m in per_client.items()}
+    decided = {c: d for c, d in decided.items() if d is not None}
+    if not decided:
+        return None
+    return [c for c, d in decided.items() if d == 0.0]
+
+
+def degenerate_rounds(client_rows: Iterable[Mapping[str, Any]], model: str = "global") -> list[int] | None:
+    """Evaluation rounds in which ``model`` predicted one class (or no foreground) on every evaluated client.
+
+    Args:
+        client_rows: The rows of ``metrics.csv``.
+        model: The model whose columns (``<model>/predicted_classes``, ``<model>/auroc``, ``<model>/dice``) are read.
+
+    Returns:
+        The rounds, in order; None when no row holds the numbers to decide.
+    """
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in client_rows:
+        metrics = {k.split("/", 1)[1]: v for k, v in row.items() if k.startswith(f"{model}/")}
+        if any(_number(v) is not None for v in metrics.values()):
+            by_round.setdefault(int(row["round"]), {})[str(row["client"])] = metrics
+    if not by_round:
+        return None
+    out = []
+    for r, per_client in sorted(by_round.items()):
+        single, zero = single_class_clients(per_client), zero_dice_clients(per_client)
+        bad = single if single is not None else zero
+        decided = per_client if single is None else {c: m for c, m in per_client.items() if _number(m.get("auroc"))}
+        if bad is not None and decided and len(bad) == len(decided):
+            out.append(r)
+    return out
 
 
 def balanced_acc_at_chance(
@@ -183,7 +259,45 @@ def detect_collapse(
                 f"{loss / max(reference, 1e-12):.3g}x: training diverged (weights stayed finite, so no client "
                 f"was counted as failed)"
             )
-    return Collapse(single, chance, growth, tuple(messages))
+    per_client = (evaluation.get("clients") or {}).get("global") or {}
+    sites = single_class_clients(per_client)
+    if sites and len(sites) < len(per_client) or (sites and not single):
+        messages.append(
+            f"the global model predicts a single class on the test set of {len(sites)} of {len(per_client)} "
+            f"client(s) although each holds several: {', '.join(sites)}"
+        )
+    empty = zero_dice_clients(per_client)
+    if empty:
+        messages.append(
+            f"foreground Dice is 0 on {len(empty)} of {len(per_client)} client(s): {', '.join(empty)} (the model "
+            "predicts no foreground that overlaps the masks: background everywhere)"
+        )
+    rounds = degenerate_rounds(client_rows) if client_rows is not None else None
+    if rounds:
+        last = max(int(row["round"]) for row in client_rows) if client_rows else None
+        recovered = last is not None and rounds[-1] < last
+        what = "one class" if per_client and single_class_clients(per_client) is not None else "no foreground"
+        messages.append(
+            f"the global model predicted {what} on every evaluated client in round(s) {_ranges(rounds)}"
+            + (" before it recovered" if recovered else "")
+        )
+    return Collapse(
+        single, chance, growth,
+        None if sites is None else tuple(sites),
+        None if empty is None else tuple(empty),
+        None if rounds is None else tuple(rounds),
+        tuple(messages),
+    )  # fmt: skip
+
+
+def _ranges(rounds: list[int]) -> str:
+    """``[1, 2, 3, 5]`` as ``1-3, 5``."""
+    parts, start = [], rounds[0]
+    for previous, r in zip(rounds, [*rounds[1:], None]):
+        if r != previous + 1:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+            start = r
+    return ", ".join(parts)
 
 
 def clients_without_test(data: _HasTestSets) -> list[str]:

@@ -179,6 +179,23 @@ def round_line(
     return "  ".join(parts)
 
 
+def round_legend(evaluation: dict[str, Any], metric: str = "acc") -> str | None:
+    """What the numbers of :func:`round_line` are (``legend: …``), printed once above the first round line, or None.
+
+    The line mixes statistics over clients with metrics of the pooled test set; this says which is which.
+    """
+    summary = evaluation.get("summary", {})
+    if not any(metric in stats for stats in summary.values()):
+        return None
+    parts = [f"loss: mean training loss; {metric}, worst: mean and worst client"]
+    balance = [short for key, short in CLASS_BALANCE_METRICS if key in (evaluation.get("pooled") or {})]
+    if balance:
+        parts.append(f"{', '.join(balance)}: pooled test set")
+    elif any(key in stats for stats in summary.values() for key, _ in CLASS_BALANCE_METRICS):
+        parts.append(f"{', '.join(s for _, s in CLASS_BALANCE_METRICS)}: mean over clients")
+    return "legend: " + "; ".join(parts)
+
+
 def round_epsilon(round_row: dict[str, Any]) -> float | None:
     """The ε a privacy callback recorded in the round's row (DP-FedAvg's, or DP-SGD's worst client), or None."""
     value = round_row.get("privacy/epsilon", round_row.get("privacy/epsilon_worst"))

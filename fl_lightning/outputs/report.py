@@ -36,6 +36,7 @@ class RoundReporter:
     """
 
     def __init__(self, enabled: bool = True, console: Console | None = None, bar: bool | None = None) -> None:
+        self._legend_shown = False
         self.enabled = enabled
         self.console = console or Console()
         self.bar = enabled and (self.console.is_terminal if bar is None else bar)
@@ -75,11 +76,17 @@ class RoundReporter:
         if self._progress is not None:
             self._progress.advance(self._clients)
 
-    def round_end(self, line: str) -> None:
-        """Advance the round bar (if any) and print the round's one-line summary (above the bar)."""
+    def round_end(self, line: str, legend: str | None = None) -> None:
+        """Advance the round bar (if any) and print the round's one-line summary (above the bar).
+
+        ``legend`` (what the line's numbers are) is printed once, above the first line that comes with one.
+        """
         if self._progress is not None:
             self._progress.advance(self._rounds)
         if self.enabled:
+            if legend is not None and not self._legend_shown:
+                self._legend_shown = True
+                self._print(legend)
             self._print(line)
 
     def note(self, line: str) -> None:
@@ -107,6 +114,8 @@ class RoundReporter:
                 self.console.print(table)
             finally:
                 self.console.width = width
+            for note in table_notes(summary):  # one line each, unwrapped: grep finds a whole warning in a log
+                self._print(Text(note, style="bold red"))
             privacy = privacy_line(summary)
             if privacy:
                 self._print(privacy)
@@ -141,10 +150,17 @@ def natural_width(console: Console, table: Table) -> int:
     return Measurement.get(console, console.options.update_width(10_000), table).maximum
 
 
+# Shown next to the primary metric where evaluated: class balance (classification), boundaries (segmentation).
+EXTRA_METRICS = (*(name for name, _ in CLASS_BALANCE_METRICS), "hd95", "surface_dice")
+
+
 def table_metrics(summary: dict[str, Any], metric: str = "acc") -> list[str]:
-    """The metric columns of the final table: ``metric``, then balanced accuracy and AUROC where evaluated."""
+    """The final table's metric columns: ``metric``, then the :data:`EXTRA_METRICS` that were evaluated.
+
+    Classification gets balanced accuracy and AUROC, segmentation HD95 and surface Dice.
+    """
     evaluated = {name for stats in summary.get("summary", {}).values() for name in stats}
-    return [metric] + [name for name, _ in CLASS_BALANCE_METRICS if name in evaluated and name != metric]
+    return [metric] + [name for name in EXTRA_METRICS if name in evaluated and name != metric]
 
 
 def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
@@ -155,8 +171,8 @@ def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
 
     Classification shows balanced accuracy and AUROC next to ``metric`` (accuracy alone hides a model that
     predicts the majority class); the personal model gets them only where it differs from the global one, so
-    a FedAvg table fits 80 columns. The caption names clients without test images and any sign of a collapsed
-    or diverged run (``summary["collapse"]``).
+    a FedAvg table fits 80 columns. Clients without test images and signs of a collapsed or diverged run are
+    printed under it (:func:`table_notes`).
     """
     stats = summary.get("summary", {})
     models = [m for m in ("global", "personal") if stats.get(m)]
@@ -183,14 +199,15 @@ def evaluation_table(summary: dict[str, Any], metric: str = "acc") -> Table:
         table.add_section()
         cells = [_fmt(summary["pooled"].get(name)) if m == "global" else "" for m, name in columns]
         table.add_row("pooled test set", str(summary["pooled_test_samples"]), *cells)
+    return table
+
+
+def table_notes(summary: dict[str, Any]) -> list[str]:
+    """The lines under the final table: every collapse message (``warning: …``) and the clients without test images."""
     notes = [f"warning: {m}" for m in (summary.get("collapse") or {}).get("messages", [])]
     if summary.get("clients_without_test"):
         notes.append(f"no test images (left out of the statistics): {', '.join(summary['clients_without_test'])}")
-    if notes:
-        table.caption = Text("\n".join(notes))  # Text, not markup: ids and messages print as they are
-        table.caption_style = "bold red"
-        table.caption_justify = "left"
-    return table
+    return notes
 
 
 # Above this many clients the final table lists only the worst ones (every client is in summary.json and metrics.csv).
@@ -216,7 +233,7 @@ def table_clients(summary: dict[str, Any], model: str, metric: str, limit: int =
 
 
 # Column names of the final table (the metric keys of summary.json are longer).
-_LABELS = {"balanced_acc": "bacc", "auroc": "auroc"}  # as in the round line
+_LABELS = {"balanced_acc": "bacc", "auroc": "auroc", "surface_dice": "nsd"}  # as in the round line
 
 
 def _fmt(value: float | None) -> str:

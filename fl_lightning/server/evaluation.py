@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from fl_lightning.wire.transport import Transport
 
 # Metrics where a smaller value is better; "worst" is then the largest.
-LOWER_IS_BETTER = frozenset({"loss"})
+LOWER_IS_BETTER = frozenset({"loss", "hd95"})
 
 
 def summarise(per_client: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:

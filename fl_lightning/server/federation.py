@@ -241,7 +241,7 @@ class Federation(Server):
             self.module.primary_metric,
             epsilon=records.round_epsilon(round_row),
         )
-        self.reporter.round_end(line)
+        self.reporter.round_end(line, records.round_legend(evaluation, self.module.primary_metric))
 
     def _finish_stopped(self) -> None:
         """After a StopFederation: warn, evaluate the last models if their round was not, checkpoint them."""

@@ -71,7 +71,7 @@ def test_evaluate_against_the_hand_example_and_independent_of_batching():
     assert whole["dice_with_background"] == pytest.approx(DICE_ALL)
     assert whole["miou"] == pytest.approx(MIOU)
     assert whole["acc"] == pytest.approx(ACC)
-    assert whole.keys() == {"dice", "dice_with_background", "miou", "acc", "loss"}
+    assert whole.keys() == {"dice", "dice_with_background", "miou", "acc", "loss", "hd95", "surface_dice"}
     for k in whole:
         assert split[k] == pytest.approx(whole[k])
 

@@ -98,8 +98,54 @@ def test_detect_collapse_gives_flags_and_messages():
         "single_class_predictions": False,
         "balanced_acc_at_chance": False,
         "train_loss_growth": False,
+        "single_class_clients": None,
+        "zero_dice_clients": None,
+        "degenerate_rounds": None,
         "messages": [],
     }
+
+
+ONE_CLASS_SITE = {"predicted_classes": 1.0, "auroc": 0.5}
+TRAINED_SITE = {"predicted_classes": 4.0, "auroc": 0.9}
+ONE_CLASS_HELD = {"predicted_classes": 1.0, "auroc": math.nan}  # the test set holds one class: right, not collapse
+
+
+def test_a_single_class_on_some_sites_is_flagged_even_when_the_pooled_set_is_fine():
+    evaluation = {"pooled": HEALTHY, "clients": {"global": {"a": TRAINED_SITE, "b": ONE_CLASS_SITE,
+                  "c": ONE_CLASS_SITE, "d": ONE_CLASS_HELD}}}  # fmt: skip
+    found = detect_collapse(evaluation, num_classes=2)
+    assert found.detected and not found.single_class_predictions
+    assert found.single_class_clients == ("b", "c")
+    assert any("2 of 4 client(s)" in m and "b, c" in m for m in found.messages)
+    healthy = detect_collapse({"pooled": HEALTHY, "clients": {"global": {"a": TRAINED_SITE, "d": ONE_CLASS_HELD}}})
+    assert healthy.single_class_clients == () and not healthy.detected
+
+
+def test_a_segmentation_model_with_no_foreground_is_flagged():
+    evaluation = {"clients": {"global": {"a": {"dice": 0.0, "miou": 0.4}, "b": {"dice": 0.3}}}}
+    found = detect_collapse(evaluation)
+    assert found.zero_dice_clients == ("a",) and found.detected
+    assert any("foreground Dice is 0 on 1 of 2" in m for m in found.messages)
+    assert detect_collapse({"clients": {"global": {"a": {"dice": 0.2}}}}).zero_dice_clients == ()
+
+
+def eval_rows(per_round: dict[int, dict[str, dict]]) -> list[dict]:
+    """metrics.csv rows with global metrics, as strings (as read back from the CSV on resume)."""
+    return [{"round": r, "client": c, **{f"global/{k}": str(v) for k, v in m.items()}}
+            for r, clients in per_round.items() for c, m in clients.items()]  # fmt: skip
+
+
+def test_rounds_stuck_at_one_class_are_recorded_even_when_the_run_recovers():
+    stuck = {"a": ONE_CLASS_SITE, "b": ONE_CLASS_SITE}
+    well = {"a": TRAINED_SITE, "b": TRAINED_SITE}
+    history = eval_rows({1: stuck, 2: stuck, 3: stuck, 4: {"a": TRAINED_SITE, "b": ONE_CLASS_SITE}, 6: well})
+    assert collapse.degenerate_rounds(history) == [1, 2, 3]
+    found = detect_collapse({"pooled": HEALTHY, "clients": {"global": well}}, history, num_classes=2)
+    assert not found.detected and found.degenerate_rounds == (1, 2, 3)
+    assert any("in round(s) 1-3 before it recovered" in m for m in found.messages)
+    segmentation = eval_rows({1: {"a": {"dice": 0.0}}, 2: {"a": {"dice": 0.5}}})
+    assert collapse.degenerate_rounds(segmentation) == [1]
+    assert collapse.degenerate_rounds([{"round": 1, "client": "a", "train_loss": 1.0}]) is None
 
 
 def test_without_pooled_evaluation_the_checks_are_not_made():

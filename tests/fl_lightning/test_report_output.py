@@ -9,8 +9,9 @@ import pytest
 from rich.console import Console
 
 from fl_lightning.config import FederationConfig
+from fl_lightning.outputs import records
 from fl_lightning.outputs.records import round_line
-from fl_lightning.outputs.report import RoundReporter, evaluation_table, privacy_line
+from fl_lightning.outputs.report import RoundReporter, evaluation_table, privacy_line, table_notes
 from tests.conftest import build_federation
 
 
@@ -99,6 +100,12 @@ def test_progress_false_run_prints_run_directory_round_lines_and_table(tmp_path)
     assert lines[0] == f"run directory: {fed.run_dir.path}"
     round_lines = [line for line in lines if line.startswith("round ")]
     assert [line.split()[1] for line in round_lines] == ["1/2", "2/2"]
+    # once, above the first round line: which numbers are over clients and which over the pooled test set
+    legend = [i for i, line in enumerate(lines) if line.startswith("legend: ")]
+    assert len(legend) == 1 and lines[legend[0] + 1].startswith("round 1/2")
+    assert (
+        "acc, worst: mean and worst client" in lines[legend[0]] and "bacc, auroc: pooled test set" in lines[legend[0]]
+    )
     assert all("bacc" in line and "auroc" in line for line in round_lines)
     assert all(len(line) <= 80 for line in round_lines), round_lines
     assert any("final test" in line for line in lines)
@@ -128,6 +135,12 @@ def test_round_line_names_models_when_personal_differs_and_uses_client_means_wit
         "round 3/10  loss 1.5  global acc 0.812 worst 0.701  personal acc 0.850 worst 0.780  bacc 0.700  "
         "auroc 0.900  1.2s"
     )
+
+
+def test_the_legend_says_client_means_where_there_is_no_pooled_test_set():
+    without_pooled = {k: v for k, v in CLASSIFICATION.items() if k != "pooled"}
+    assert records.round_legend(without_pooled).endswith("bacc, auroc: mean over clients")
+    assert records.round_legend({"summary": {}}) is None
 
 
 def test_segmentation_round_line_has_no_classification_extras():
@@ -169,8 +182,18 @@ def test_final_table_shows_balanced_accuracy_and_auroc_next_to_accuracy():
     assert "personal acc" in header and "personal bacc" not in header
     pooled = next(line for line in text.splitlines() if "pooled test set" in line)
     assert "0.7900" in pooled and "0.9123" in pooled
-    assert "no test images (left out of the statistics): site1" in text
-    assert "warning: the global model predicts a single class" in text
+    notes = table_notes(summary_of(CLASSIFICATION, {"site0": 10, "site1": 0}))
+    assert notes == ["warning: the global model predicts a single class",
+                     "no test images (left out of the statistics): site1"]  # fmt: skip
+
+
+def test_a_long_warning_under_the_table_stays_one_line_in_a_log_file():
+    long = "the global model predicts a single class " + "and says so at length " * 8
+    summary = {**summary_of(CLASSIFICATION, {"site0": 10, "site1": 5}), "collapse": {"messages": [long]}}
+    out = io.StringIO()
+    reporter = RoundReporter(enabled=True, console=Console(file=out, width=80, force_terminal=False))
+    reporter.finish(summary, "runs/x")
+    assert f"warning: {long}" in out.getvalue().splitlines()
 
 
 def test_final_table_shows_the_extras_of_a_personal_model_that_differs():
