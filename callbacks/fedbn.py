@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import TYPE_CHECKING
+
 import lightning as L
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -9,6 +12,9 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from typing_extensions import override
 
 from callbacks.base import FederatedCallback
+
+if TYPE_CHECKING:
+    from fl_lightning.callback import ServerView
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (_BatchNorm, _InstanceNorm, nn.GroupNorm)
 
@@ -51,3 +57,13 @@ class FedBN(FederatedCallback):
     def private_keys(self, module: L.LightningModule) -> set[str]:
         types = NORM_TYPES + ((nn.LayerNorm,) if self.include_layer_norm else ())
         return norm_state_keys(module, types)
+
+    @override
+    def on_federation_start(self, server: ServerView) -> None:
+        if not self.private_keys(server.module):  # e.g. MONAI's UNet: InstanceNorm without weights or statistics
+            warnings.warn(
+                "FedBN found no normalisation layer with weights or running statistics in the model: every client "
+                "keeps nothing of its own and the run is FedAvg (give the net affine or tracked norm layers, e.g. "
+                "MONAI's norm='batch')",
+                stacklevel=2,
+            )

@@ -42,12 +42,24 @@ def _type_name(hint: Any) -> str:
     if isinstance(hint, type):
         return hint.__name__
     text = re.sub(r"\b(typing|collections\.abc|pathlib|torch|lightning\.pytorch)\.", "", str(hint))
-    text = text.replace("NoneType", "None")
-    union = re.fullmatch(r"(?:Union|Optional)\[(.*)\]", text)
+    text = text.replace("NoneType", "None").replace("nn.modules.module.Module", "nn.Module (a class_path)")
+    union = re.fullmatch(r"(Union|Optional)\[(.*)\]", text)
     if union:  # as Python 3.10 writes it
-        text = " | ".join(part.strip() for part in union.group(1).split(","))
+        parts = _top_level(union.group(2))
+        text = " | ".join(parts + (["None"] if union.group(1) == "Optional" else []))
     literal = re.fullmatch(r"Literal\[(.*)\]", text)
-    return " | ".join(v.strip() for v in literal.group(1).split(",")) if literal else text
+    return " | ".join(_top_level(literal.group(1))) if literal else text
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at its commas outside brackets (``dict[int, int], None`` is two parts)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]
 
 
 def _default(value: Any) -> str:

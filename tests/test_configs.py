@@ -13,14 +13,12 @@ from fl_lightning.server.federation import Federation
 from tests.anchors.runs import describe
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
-TINY = [
-    "--trainer.logger=false",
-    "--federation.rounds=2",
-    "--federation.progress=false",
-    "--data.max_samples_per_client=30",
-    "--data.image_size=8",
-    "--model.width=4",
-]
+TINY = ["--trainer.logger=false", "--federation.rounds=2", "--federation.progress=false", "--federation.eval_every=1"]
+# The embedded data's sizes; a recipe for data on disk gets its own (the files the test writes and a tiny net).
+TINY_DATA = ["--data.max_samples_per_client=30", "--data.image_size=8", "--model.width=4"]
+TINY_DENSENET = {"model": {"init_args": {"net": {"class_path": "monai.networks.nets.DenseNet", "init_args": {
+    "spatial_dims": 2, "in_channels": 3, "out_channels": 2, "init_features": 4, "growth_rate": 4,
+    "block_config": [1, 1], "bn_size": 1}}}}}  # fmt: skip
 
 
 def test_there_are_configs():
@@ -45,12 +43,34 @@ def metrics_without_timings(path: Path) -> list[dict[str, str]]:
     ]
 
 
+def config_chain(config: Path) -> str:
+    """The text of ``config`` and of the bases its ``config:`` key names, so an overlay shows its datamodule."""
+    text = config.read_text()
+    base = yaml.safe_load(text).get("config")
+    return text + (config_chain(config.parent / base) if base else "")
+
+
 def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
     """``train.py`` arguments of ``config`` on tiny data, writing ``out/run_name``."""
-    extra = []
-    if "MedMNIST" in config.read_text():
-        extra = [f"--data.path={fake_medmnist(out / 'fake.npz')}", "--data.image_size=8"]
-    return ["--config", str(config), *TINY, *extra, f"--federation.output_dir={out}",
+    from tests.test_recipes import camelyon_table, prostate_root
+
+    text = config_chain(config)
+    data = TINY_DATA
+    if "MedMNIST" in text:
+        data = [*TINY_DATA, f"--data.path={fake_medmnist(out / 'fake.npz')}"]
+    elif "NiftiSegFederated" in text:
+        root = out / "prostate" if (out / "prostate").exists() else prostate_root(out / "prostate")
+        data = [f"--data.root={root}", "--data.image_size=8", "--data.test_fraction=0.5", "--model.init_args.width=4",
+                "--model.init_args.depth=1"]  # fmt: skip
+    elif "SiteTableFederated" in text:
+        table = out / "camelyon" / "metadata.csv"
+        if not table.exists():
+            camelyon_table(out / "camelyon")
+        overlay = out / "tiny_densenet.yaml"
+        overlay.write_text(yaml.safe_dump(TINY_DENSENET))
+        # batch 5 = each client's 5 training patches: a batch of one would leave BatchNorm a single value at 8 px
+        data = [f"--data.path={table}", "--data.image_size=8", "--data.batch_size=5", f"--config={overlay}"]
+    return ["--config", str(config), *TINY, *data, f"--federation.output_dir={out}",
             f"--federation.run_name={run_name}"]  # fmt: skip
 
 
@@ -66,8 +86,7 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["federation"]["rounds"] == 2 and resolved["data"]["init_args"]["image_size"] == 8
     rows = list(csv.DictReader((run / "metrics.csv").open()))
-    num_clients = resolved["data"]["init_args"]["num_clients"]
-    assert len(rows) == 2 * num_clients and {r["client"] for r in rows} == set(summary["clients"])
+    assert len(rows) == 2 * len(summary["clients"]) and {r["client"] for r in rows} == set(summary["clients"])
     stats = next(iter(summary["summary"].values()))["acc"]
     assert 0.0 <= stats["worst"] <= stats["mean"] <= 1.0 and stats["std"] >= 0
     # the serialized transport: only messages crossed, and nothing changed

@@ -7,13 +7,14 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.clients.metrics import classification_metrics
 from fl_lightning.clients.optim import build_optimizer
 from fl_lightning.models import build_classifier
 from fl_lightning.models.cnn import NormKind
+from fl_lightning.models.net_check import DUMMY_BATCH, check_net_shapes
 
 
 class ClassificationClient(ClientModule):
@@ -30,6 +31,12 @@ class ClassificationClient(ClientModule):
         lr: Local learning rate η.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 weight decay of the local optimiser.
+        net: Any ``torch.nn.Module`` mapping (N, in_channels, H, W) images to (N, num_classes) logits, given in a
+            config by ``class_path`` and ``init_args`` (e.g. ``monai.networks.nets.DenseNet121``); it replaces the
+            built-in network, and ``arch``, ``width`` and ``norm`` are then unused. It is checked before training by
+            one forward pass of a dummy batch of the data's shape and refused, with the expected and the actual
+            shapes, when it does not take ``in_channels`` channels or does not return ``num_classes`` logits
+            (docs: how-to "Medical networks by class path").
 
     """
 
@@ -45,12 +52,19 @@ class ClassificationClient(ClientModule):
         lr: float = 0.05,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
+        net: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, got {lr}")
-        self.save_hyperparameters()
-        self.net = build_classifier(arch, in_channels, num_classes, tuple(image_size), width=width, norm=norm)
+        # The net is a module, not a hyper-parameter: its weights are state, its class path is in config.yaml.
+        self.save_hyperparameters(ignore=["net"])
+        if net is None:
+            self.net = build_classifier(arch, in_channels, num_classes, tuple(image_size), width=width, norm=norm)
+        else:
+            meaning = f"(N, data.num_classes={num_classes}) logits"
+            check_net_shapes(net, in_channels, tuple(image_size), (DUMMY_BATCH, num_classes), meaning)
+            self.net = net
         # Training-loss modifiers set per client by label-skew methods; never used at evaluation.
         # logit_adjustment is added to the logits in the loss (FedShift); class_weight weights the
         # cross-entropy (Reweighting) when use_class_weight is set. Buffers, so they move with the model.

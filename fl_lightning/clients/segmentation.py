@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from fl_lightning.clients.base import ClientModule
@@ -25,6 +25,7 @@ from fl_lightning.clients.surface_metrics import (
     surface_metrics_per_image,
     surface_sums,
 )
+from fl_lightning.models.net_check import DUMMY_BATCH, check_net_shapes
 from fl_lightning.models.segmenters import build_segmenter
 from fl_lightning.models.unet import SegNormKind
 
@@ -57,6 +58,13 @@ class SegmentationClient(ClientModule):
         weight_decay: L2 weight decay of the local optimiser.
         surface_tolerance: Tolerance τ of the evaluation's ``surface_dice``, in pixels: a boundary pixel within τ
             of the other mask's boundary counts as correct (default 1: one pixel of boundary jitter is tolerated).
+        net: Any ``torch.nn.Module`` mapping (N, in_channels, H, W) images to (N, num_classes, H, W) logits, given in
+            a config by ``class_path`` and ``init_args`` (e.g. ``monai.networks.nets.UNet`` or ``BasicUNet``); it
+            replaces the built-in network, and ``arch``, ``width``, ``depth``, ``norm`` and ``encoder`` are then
+            unused. It is checked before training by one forward pass of a dummy batch of the data's shape and
+            refused, with the expected and the actual shapes, when it does not take ``in_channels`` channels or
+            does not return ``num_classes`` channels at the input's size (docs: how-to "Medical networks by class
+            path").
 
     """
 
@@ -78,6 +86,7 @@ class SegmentationClient(ClientModule):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         surface_tolerance: float = SURFACE_TOLERANCE,
+        net: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -88,10 +97,17 @@ class SegmentationClient(ClientModule):
             raise ValueError(f"model.dice_weight must be >= 0, got {dice_weight}")
         if not 0 <= surface_tolerance < float("inf"):
             raise ValueError(f"model.surface_tolerance must be finite and >= 0, got {surface_tolerance}")
-        self.save_hyperparameters()
-        self.net = build_segmenter(
-            arch, in_channels, num_classes, tuple(image_size), width=width, depth=depth, norm=norm, encoder=encoder
-        )
+        # The net is a module, not a hyper-parameter: its weights are state, its class path is in config.yaml.
+        self.save_hyperparameters(ignore=["net"])
+        if net is None:
+            self.net = build_segmenter(
+                arch, in_channels, num_classes, tuple(image_size), width=width, depth=depth, norm=norm, encoder=encoder
+            )
+        else:
+            h, w = (int(s) for s in image_size)
+            meaning = f"(N, data.num_classes={num_classes}, H, W) logits at the input's size"
+            check_net_shapes(net, in_channels, (h, w), (DUMMY_BATCH, num_classes, h, w), meaning)
+            self.net = net
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (N, num_classes, H, W)."""
