@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from fl_lightning.outputs.report import RoundReporter
 from fl_lightning.runtime import ClientRuntime
+from fl_lightning.server.federation import Federation
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import Reply, Task
 from fl_lightning.wire.transport import Transport
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from datamodules.base import FederatedDataModule
     from fl_lightning.config import FederationConfig
     from fl_lightning.ops.state import StateDict
-    from fl_lightning.server.federation import Federation
 
 
 class LocalTransport(Transport):
@@ -157,9 +158,6 @@ def local_federation(
         **kwargs: Further :class:`~fl_lightning.server.federation.Federation` arguments (``reporter``,
             ``config_text``, ``config_dict``).
     """
-    from fl_lightning.outputs.report import RoundReporter
-    from fl_lightning.server.federation import Federation
-
     reporter = kwargs.pop("reporter", None) or RoundReporter.from_config(config)
     transport = build_transport(config, module, datamodule, trainer, seed, reporter.note, runtime_factory)
     return Federation(config, module, datamodule, trainer, transport, seed=seed, reporter=reporter, **kwargs)
