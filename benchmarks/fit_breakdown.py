@@ -6,9 +6,13 @@ counting the host synchronisations by where they come from (``torch.cuda.set_syn
 time is split into
 
 - Lightning's fit set-up: ``trainer.fit`` called → first training batch starts (``Trainer._run``: strategy and
-  optimiser set-up, loader processing, loop resets);
+  optimiser set-up, loader processing, loop resets), once per round fit (``federation.round_fit``, the default) or
+  once per client (``--per-client-fits``);
 - steps: first batch starts → last batch ends, over the steps run (forward, backward, optimiser step, the data
-  loader, and Lightning's per-step dispatch: hooks, closure, ``LightningOptimizer``);
+  loader, and Lightning's per-step dispatch: hooks, closure, ``LightningOptimizer``), less the client switches;
+- client switches inside a round fit: one client's end (its ``on_train_end`` hooks, state copy, reply) and the
+  next one's start (weights, ``on_client_start``, loader, a fresh optimiser, ``on_train_start``), with Lightning's
+  epoch boundary around them;
 - Lightning's fit teardown: last batch ends → ``trainer.fit`` returns;
 - the client runtime's own work around the fit (load the weights, copy the state out, checks, the reply);
 - the server's own work in the rounds (tasks and replies, aggregation, round records, the round checkpoint) and
@@ -16,9 +20,10 @@ time is split into
 - evaluation (the global model on each client's test set, pooled metrics).
 
 The plain loop is split the same way (set-up: load the weights and build the optimiser; steps; the copy into the
-running mean). Prints milliseconds per fit and per step for both, and the host syncs per fit by owner.
+running mean). Prints milliseconds per client fit (one client's local training in a round) and per step for both,
+and the host syncs per client fit by owner.
 
-    python benchmarks/fit_breakdown.py [--device cuda] [--rounds 20] [--image-size 16]
+    python benchmarks/fit_breakdown.py [--device cuda] [--rounds 20] [--image-size 16] [--per-client-fits]
 """
 
 # ruff: noqa: E402 (the imports of the repository follow the sys.path set-up)
@@ -46,6 +51,7 @@ import torch
 from fl_lightning import Federation
 from fl_lightning import runtime as runtime_module
 from fl_lightning.runtime.local_fit import LocalFitter
+from fl_lightning.runtime.round_fit import RoundFit
 
 
 class Clock:
@@ -73,7 +79,7 @@ class Clock:
 
 
 class StepMarks(L.Callback):
-    """Marks the first batch's start and the last batch's end of every fit."""
+    """Marks the first batch's start and the last batch's end of every Lightning fit."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock, self.first, self.last, self.steps = clock, 0.0, 0.0, 0
@@ -87,39 +93,59 @@ class StepMarks(L.Callback):
         self.last = self.clock.now()
 
 
+def timed_fit(fits: list[dict[str, float]], clock: Clock, marks: StepMarks, fit: Callable[..., Any]) -> Callable:
+    """``LocalFitter.fit`` or ``fit_round`` with the marks around it; each Lightning fit's split goes to ``fits``."""
+
+    def wrapped(self: LocalFitter, *a: Any, **kw: Any) -> Any:
+        if marks not in self.trainer.callbacks:
+            self.trainer.callbacks.append(marks)
+        marks.steps = 0
+        start = clock.now()
+        result = fit(self, *a, **kw)
+        end = clock.now()
+        fits.append({"setup": marks.first - start, "steps": marks.last - marks.first, "teardown": end - marks.last,
+                     "n": marks.steps})  # fmt: skip
+        return result
+
+    return wrapped
+
+
 def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
     """Run the Federation once with marks around every fit; the split in seconds."""
     clock = Clock(args.device)
     marks = StepMarks(clock)
     fits: list[dict[str, float]] = []
+    client_fits = [0]
 
-    def fit_wrapper(fit: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(self: LocalFitter, *a: Any, **kw: Any) -> Any:
-            if marks not in self.trainer.callbacks:
-                self.trainer.callbacks.append(marks)
-            marks.steps = 0
-            start = clock.now()
-            result = fit(self, *a, **kw)
-            end = clock.now()
-            fits.append(
-                {
-                    "setup": marks.first - start,
-                    "steps": marks.last - marks.first,
-                    "teardown": end - marks.last,
-                    "n": marks.steps,
-                }
-            )
-            return result
+    def switch_wrapper(next_loader: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(self: Any) -> Any:
+            current = self.current
+            with clock.span("switch"):
+                loader = next_loader(self)
+            if self.current is not current:
+                client_fits[0] += 1
+            return loader
+
+        return wrapped
+
+    def run_wrapper(run: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(self: Any) -> Any:
+            client_fits[0] += 1  # the round fit's first client
+            return run(self)
 
         return wrapped
 
     in_round = [False]
 
-    def handle_wrapper(handle: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(self: Any, task: Any) -> Any:
-            kind = "fit" if task.kind == "fit" else "other"
-            with clock.span(f"{kind} in a round" if in_round[0] else f"{kind} outside rounds"):
-                return handle(self, task)
+    def handle_wrapper(handle_many: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(self: Any, tasks: list[Any]) -> Any:  # every in-process task goes through handle_many
+            replies = handle_many(self, tasks)
+            for task in tasks:
+                kind = "fit" if task.kind == "fit" else "other"
+                with clock.span(f"{kind} in a round" if in_round[0] else f"{kind} outside rounds"):
+                    reply = next(replies, None)  # a round fit spends its time on its first reply
+                if reply is not None:
+                    yield reply
 
         return wrapped
 
@@ -134,9 +160,21 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
 
         return wrapped
 
+    def per_client_wrapper(fit: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(self: LocalFitter, *a: Any, **kw: Any) -> Any:
+            client_fits[0] += 1
+            return fit(self, *a, **kw)
+
+        return wrapped
+
     with (
-        mock.patch.object(LocalFitter, "fit", fit_wrapper(LocalFitter.fit)),
-        mock.patch.object(runtime_module.ClientRuntime, "handle", handle_wrapper(runtime_module.ClientRuntime.handle)),
+        mock.patch.object(LocalFitter, "fit", per_client_wrapper(timed_fit(fits, clock, marks, LocalFitter.fit))),
+        mock.patch.object(LocalFitter, "fit_round", timed_fit(fits, clock, marks, LocalFitter.fit_round)),
+        mock.patch.object(RoundFit, "_next_loader", switch_wrapper(RoundFit._next_loader)),
+        mock.patch.object(RoundFit, "run", run_wrapper(RoundFit.run)),
+        mock.patch.object(
+            runtime_module.ClientRuntime, "handle_many", handle_wrapper(runtime_module.ClientRuntime.handle_many)
+        ),
         mock.patch.object(Federation, "run_round", round_wrapper(Federation.run_round)),
     ):
         start = clock.now()
@@ -145,12 +183,15 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
     fit_total = sum(f["setup"] + f["steps"] + f["teardown"] for f in fits)
     fit_handled = clock.total("fit in a round") + clock.total("fit outside rounds")
     other_handled = clock.total("other in a round") + clock.total("other outside rounds")
+    switches = clock.total("switch")
     return {
         "total": total,
-        "fits": len(fits),
+        "fits": client_fits[0],
+        "lightning_fits": len(fits),
         "steps": sum(f["n"] for f in fits),
         "setup": sum(f["setup"] for f in fits),
-        "step_time": sum(f["steps"] for f in fits),
+        "step_time": sum(f["steps"] for f in fits) - switches,
+        "switches": switches,
         "teardown": sum(f["teardown"] for f in fits),
         "runtime_own": fit_handled - fit_total,
         "evaluation": other_handled,
@@ -234,12 +275,14 @@ def main() -> None:
     fits, steps = fed["fits"], fed["steps"]
     print(
         f"device {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}), "
-        f"torch {torch.__version__}, Lightning {L.__version__}; {fits} fits, {steps} steps, synchronised marks"
+        f"torch {torch.__version__}, Lightning {L.__version__}; {fits} client fits in {fed['lightning_fits']} "
+        f"Lightning fits, {steps} steps, synchronised marks"
     )
     print(f"{'part':<50}{'plain ms/fit':>13}{'ours ms/fit':>13}{'ours − plain':>14}")
     rows = [
         ("set-up before the first step", plain["setup"], fed["setup"]),
         ("steps", plain["steps"], fed["step_time"]),
+        ("client switches inside round fits", 0.0, fed["switches"]),
         ("after the last step: Lightning teardown", 0.0, fed["teardown"]),
         ("client runtime around the fit / running mean", plain["own"], fed["runtime_own"]),
         ("server in rounds: messages, aggregation, records", 0.0, fed["server_rounds"]),

@@ -2,8 +2,10 @@
 
 The same steps run once as a plain PyTorch loop and once through the Federation's path to Lightning (a Trainer with
 the CLI's defaults and no logger, driven by :class:`fl_lightning.runtime.local_fit.LocalFitter`), alternating, in one
-process: one long fit (the per-step cost) and many short fits of a few steps on the one Trainer, as the Federation
-runs a client's (the fixed set-up and teardown per fit). Two workloads:
+process: one long fit (the per-step cost), many short fits of a few steps on the one Trainer, as the Federation
+runs a client's with ``federation.round_fit=false`` (the fixed set-up and teardown per fit), and as many clients of
+a few steps each in one round fit, as it runs them by default (the fixed cost per client left: the client switch at
+Lightning's epoch boundary, a fresh optimiser, the ``on_train_start``/``on_train_end`` hooks). Two workloads:
 
 - ``tiny``: a ``Linear(4, 2)`` on batches of 32 in memory, whose compute is negligible: what is left is Lightning's
   dispatch (hooks, the optimisation closure, ``LightningOptimizer``, loop bookkeeping), a floor under the per-step
@@ -38,6 +40,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.cli import TRAINER_DEFAULTS
 from fl_lightning.runtime.local_fit import LocalFitter
+from fl_lightning.runtime.round_fit import ClientFit, RoundFit
+from fl_lightning.wire import protocol
+from fl_lightning.wire.protocol import Reply, Task
 
 BATCH = 32
 
@@ -116,6 +121,27 @@ def lightning_fits(module: L.LightningModule, data: DataLoader, fits: int) -> tu
     return time.perf_counter() - start, steps
 
 
+def lightning_round_fit(module: L.LightningModule, data: DataLoader, clients: int) -> tuple[float, int]:
+    """``clients`` one-pass clients of ``module`` in ONE round fit on one Trainer, as the runtime runs a round's."""
+    fitter = LocalFitter(L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False}))
+    steps = []
+
+    def begin(task: Task) -> ClientFit:
+        return ClientFit(task, [], data, 1, None)
+
+    def finish(fit: ClientFit, ran: int, _: object) -> Reply:
+        steps.append(ran)
+        return Reply(fit.task.client_id)
+
+    def fail(fit: ClientFit, err: Exception) -> Reply:
+        raise err
+
+    tasks = [Task(protocol.FIT, 0, f"client{i}") for i in range(clients)]
+    start = time.perf_counter()
+    RoundFit(fitter, module, tasks, begin, finish, fail, lambda fit: None, keep_optimizer_state=False).run()
+    return time.perf_counter() - start, sum(steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=list(WORKLOADS), default="tiny", help="the step both paths run")
@@ -132,7 +158,8 @@ def main() -> None:
     long_data, short_data = loaders(args.steps), loaders(args.fit_steps)
     lightning_fits(module, short_data, 2)  # warm-up: first-call costs of both paths
     plain_fit(module.net, lr, short_data)
-    per_step, per_fit, plain_steps = [], [], []
+    lightning_round_fit(module, short_data, 2)
+    per_step, per_fit, per_client, plain_steps = [], [], [], []
     for _ in range(args.repeats):
         plain_long = plain_fit(module.net, lr, long_data)
         seconds, _ = lightning_fits(module, long_data, 1)
@@ -141,7 +168,10 @@ def main() -> None:
         plain_short = sum(plain_fit(module.net, lr, short_data) for _ in range(args.fits))
         seconds, _ = lightning_fits(module, short_data, args.fits)
         per_fit.append((seconds - plain_short) / args.fits)
+        seconds, _ = lightning_round_fit(module, short_data, args.fits)
+        per_client.append((seconds - plain_short) / args.fits)
     step_ms, fit_ms = 1e3 * statistics.median(per_step), 1e3 * statistics.median(per_fit)
+    client_ms = 1e3 * statistics.median(per_client)
     plain_ms = 1e3 * statistics.median(plain_steps)
     print(
         f"{args.workload}: Lightning {L.__version__}, torch {torch.__version__}, {args.threads} thread(s), "
@@ -157,6 +187,11 @@ def main() -> None:
         "plain loop"
     )
     print(f"  of which fixed per fit (set-up, teardown): {fit_ms - args.fit_steps * step_ms:6.3f} ms")
+    print(
+        f"per client of {args.fit_steps} steps in one round fit:  {client_ms:6.3f} ms {spread(per_client)} beyond "
+        "the plain loop"
+    )
+    print(f"  of which fixed per client (the switch):    {client_ms - args.fit_steps * step_ms:6.3f} ms")
 
 
 def spread(seconds: list[float]) -> str:

@@ -58,7 +58,9 @@ def run_federation(args: argparse.Namespace) -> tuple[float, float, dict[str, to
     model = make_model(data, args)
     trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": args.device, "logger": False})
     with tempfile.TemporaryDirectory() as out:
-        cfg = FederationConfig(rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False)
+        cfg = FederationConfig(
+            rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False, round_fit=args.round_fit
+        )
         fed = local_federation(cfg, model, data, trainer, seed=0)
         start = time.perf_counter()
         summary = fed.run()
@@ -129,6 +131,12 @@ def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.Argum
     parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 gives the steadiest timings)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both runs train")
+    parser.add_argument(
+        "--per-client-fits",
+        dest="round_fit",
+        action="store_false",
+        help="the Federation runs one trainer.fit per client (federation.round_fit=false), not one per round",
+    )
     return parser
 
 

@@ -55,6 +55,11 @@ class FederationConfig:
         workers_per_device: Ranks that share one GPU (rank r uses ``cuda:(local_rank // workers_per_device)``).
         rank_timeout: Seconds rank 0 waits for a rank's answer (and a rank for rank 0's next message) before the
             run stops with an error naming it.
+        round_fit: Train a round's clients of one runtime in one ``trainer.fit`` (each client's epochs are Lightning
+            epochs; ``on_train_start``/``on_train_end`` and every per-epoch and per-step hook still run per client).
+            A Trainer or module that overrides a hook Lightning calls once per fit (``setup``, ``on_fit_start``,
+            ``on_fit_end``, ``teardown``, ``on_exception``) gets one fit per client anyway, as the log says;
+            ``false`` always fits per client. The weights are the same either way.
 
     """
 
@@ -81,6 +86,7 @@ class FederationConfig:
     workers: int = 1
     workers_per_device: int = 1
     rank_timeout: float = 1800.0
+    round_fit: bool = True
 
     def __post_init__(self) -> None:
         checks = {

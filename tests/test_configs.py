@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from fl_lightning.cli import main
+from fl_lightning.cli import build_cli, main
+from fl_lightning.runtime.local_fit import LocalFitter
+from fl_lightning.runtime.round_fit import round_fit_blocker
 from fl_lightning.server.federation import Federation
 from tests.anchors.runs import describe
 
@@ -76,10 +78,15 @@ def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_config_runs_and_both_transports_agree(config, tmp_path):
-    """Two rounds through train.py's main, in process and serialized: bit-identical states, same metrics and summary."""
+    """Two rounds through train.py's main, in process and serialized: bit-identical states, same metrics and summary.
+
+    In process with round fits where the config allows them, serialized with one Lightning fit per client: so the
+    two paths of local training agree as well as the two transports.
+    """
     summaries = {}
-    for transport in ("inprocess", "serialized"):
-        summaries[transport] = main([*tiny_args(config, tmp_path, transport), f"--federation.transport={transport}"])
+    for transport, round_fit in (("inprocess", "true"), ("serialized", "false")):
+        args = [f"--federation.transport={transport}", f"--federation.round_fit={round_fit}"]
+        summaries[transport] = main([*tiny_args(config, tmp_path, transport), *args])
     run = tmp_path / "inprocess"
     summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
@@ -95,6 +102,17 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     assert metrics_without_timings(other / "metrics.csv") == metrics_without_timings(run / "metrics.csv")
     strip = lambda s: {k: v for k, v in s.items() if k != "run_dir"}  # noqa: E731
     assert strip(summaries["serialized"]) == strip(summary)
+
+
+# The configs whose Trainer needs one Lightning fit per client, and why (the runtime says so in the log).
+PER_CLIENT_FITS = {"dpsgd_digits": "callback DPSGD overrides on_fit_start, which Lightning calls once per fit"}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_config_trains_in_round_fits_or_says_why_not(config, tmp_path):
+    cli = build_cli(tiny_args(config, tmp_path, "r"))
+    LocalFitter(cli.trainer)
+    assert round_fit_blocker(cli.trainer, cli.model) == PER_CLIENT_FITS.get(config.stem)
 
 
 class Crash(Exception):

@@ -78,12 +78,12 @@ class ClientModule(L.LightningModule):
         self._loss_count += 1
         return loss
 
-    def on_fit_start(self) -> None:
-        """Reset the per-fit loss accumulator (one fit = one client's local training)."""
+    def on_train_start(self) -> None:
+        """Reset the loss accumulator: one client's local training starts (also within a round fit)."""
         self._loss_sum, self._loss_count = None, 0
 
     def fit_report(self) -> dict[str, float]:
-        """Mean training loss and number of steps of the last fit (``nan`` loss if no step ran)."""
+        """Mean training loss and number of steps of the last client's training (``nan`` loss if no step ran)."""
         if self._loss_sum is None:
             return {"train_loss": math.nan, "train_steps": 0}
         return {"train_loss": float(self._loss_sum) / self._loss_count, "train_steps": self._loss_count}

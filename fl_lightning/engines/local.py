@@ -9,7 +9,7 @@ across the boundary but messages.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -74,10 +74,14 @@ class InProcessTransport(LocalTransport):
 
     @override
     def request(self, task: Task) -> Reply:
-        self.bytes_down += protocol.encoded_size(task)
-        reply = self.runtime.handle(task)
-        self.bytes_up += protocol.encoded_size(reply)
-        return reply
+        return next(self.stream([task]))
+
+    @override
+    def stream(self, tasks: list[Task]) -> Iterator[Reply]:
+        self.bytes_down += sum(protocol.encoded_size(task) for task in tasks)
+        for reply in self.runtime.handle_many(tasks):
+            self.bytes_up += protocol.encoded_size(reply)
+            yield reply
 
 
 class SerializedTransport(LocalTransport):
@@ -87,11 +91,15 @@ class SerializedTransport(LocalTransport):
 
     @override
     def request(self, task: Task) -> Reply:
-        data = protocol.encode(task)
-        self.bytes_down += len(data)
-        answer = self.runtime.handle_bytes(data)
-        self.bytes_up += len(answer)
-        return protocol.decode(answer)
+        return next(self.stream([task]))
+
+    @override
+    def stream(self, tasks: list[Task]) -> Iterator[Reply]:
+        messages = [protocol.encode(task) for task in tasks]
+        self.bytes_down += sum(len(data) for data in messages)
+        for answer in self.runtime.handle_many_bytes(messages):
+            self.bytes_up += len(answer)
+            yield protocol.decode(answer)
 
     @override
     def runtime_state(self) -> dict[str, Any]:

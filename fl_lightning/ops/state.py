@@ -33,6 +33,11 @@ def select_keys(state: Mapping[str, Tensor], keys: Iterable[str]) -> StateDict:
     return {k: state[k] for k in keys if k in state}
 
 
+def state_bytes(module: torch.nn.Module) -> int:
+    """Bytes of ``module``'s state dict (parameters and buffers)."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
 def all_finite(state: Mapping[str, Tensor]) -> bool:
     """Whether every floating tensor is free of NaN and inf (one reduction per tensor, one check in total)."""
     sums = [v.sum(dtype=torch.float64) for v in state.values() if v.is_floating_point()]

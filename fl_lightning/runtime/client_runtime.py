@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,14 @@ from fl_lightning.callback import ClientContext, FederatedCallback
 from fl_lightning.config import FederationConfig
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state, select_keys
-from fl_lightning.ops.state import StateDict, all_finite
+from fl_lightning.ops.state import StateDict, all_finite, state_bytes
 from fl_lightning.runtime.local_fit import LocalFitter
+from fl_lightning.runtime.round_fit import ClientFit, RoundFit, round_fit_blocker
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
+
+# The replies one round fit may hold before the server takes them (it aggregates them one at a time).
+ROUND_FIT_BYTES = 256 * 2**20
 
 
 class ClientRuntime:
@@ -75,6 +79,7 @@ class ClientRuntime:
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
         self.generations: dict[str, int] = {}
+        self._round_fit_blocker: str | None = None  # "" once checked and nothing blocks round fits
 
     @property
     def device(self) -> torch.device:
@@ -123,6 +128,11 @@ class ClientRuntime:
         task = protocol.decode_task(data)
         return protocol.encode(self.handle(task))
 
+    def handle_many_bytes(self, messages: list[bytes]) -> Iterator[bytes]:
+        """:meth:`handle_many` for encoded tasks: every task is decoded first, then the encoded replies in order."""
+        tasks = [protocol.decode_task(data) for data in messages]
+        return (protocol.encode(reply) for reply in self.handle_many(tasks))
+
     def context(self, cb: FederatedCallback, task: Task) -> ClientContext:
         """The client context of ``cb`` for ``task``."""
         cid = task.client_id
@@ -162,41 +172,104 @@ class ClientRuntime:
         """The client's private state in ``group`` (empty if it has none yet)."""
         return self.private.get(client_id, {}).get(group, {})
 
+    def handle_many(self, tasks: list[Task]) -> Iterator[Reply]:
+        """Answer tasks in order; consecutive fit tasks train in round fits (one ``trainer.fit`` for many clients).
+
+        A round fit holds its replies until it ends, so it takes as many clients as fit in
+        :data:`ROUND_FIT_BYTES` of replies; a Trainer or module that needs a fit per client (see
+        :func:`~fl_lightning.runtime.round_fit.round_fit_blocker`), or ``federation.round_fit=false``, gets one
+        fit per client, which the log says once.
+        """
+        i = 0
+        while i < len(tasks):
+            j = i
+            while j < len(tasks) and tasks[j].kind == protocol.FIT:
+                j += 1
+            if j == i:
+                yield self.handle(tasks[i])
+                i += 1
+                continue
+            fits, i = tasks[i:j], j
+            if len(fits) == 1 or not self._round_fit_allowed():
+                yield from (self.handle(task) for task in fits)
+                continue
+            for chunk in _chunks(fits, max(1, ROUND_FIT_BYTES // max(1, state_bytes(self.module)))):
+                for task in chunk:
+                    self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
+                while chunk:
+                    replies = RoundFit(
+                        self.fitter, self.module, chunk, self._begin_fit, self._finish_fit, self._failed_fit,
+                        self._unbind, self.keep_optimizer_state,
+                    ).run()  # fmt: skip
+                    chunk = chunk[len(replies) :]  # a client whose training raised ended that fit: the rest go on
+                    yield from replies
+
+    def _round_fit_allowed(self) -> bool:
+        if self._round_fit_blocker is None:
+            blocker = round_fit_blocker(self.trainer, self.module)
+            if not self.config.round_fit:
+                blocker = "federation.round_fit is false"
+            self._round_fit_blocker = blocker or ""
+            if blocker:
+                self.note(f"one Lightning fit per client: {blocker}")
+        return not self._round_fit_blocker
+
     def _fit(self, task: Task) -> Reply:
+        fit = self._begin_fit(task)
+        try:
+            try:
+                num_steps, opt_state = self.fitter.fit(
+                    self.module,
+                    fit.loader,
+                    fit.epochs,
+                    task.client_id,
+                    optimizer_state=fit.optimizer_state,
+                    keep_optimizer_state=self.keep_optimizer_state,
+                )
+            except PreconditionError:
+                raise  # a method that cannot work here fails the run, not one client
+            except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
+                return self._failed_fit(fit, err)
+            return self._finish_fit(fit, num_steps, opt_state)
+        finally:
+            self._unbind(fit)
+
+    def _begin_fit(self, task: Task) -> ClientFit:
+        """Start a client's fit: its weights, the callbacks bound to its contexts, ``on_client_start``, its loader."""
         cid, module = task.client_id, self.module
         module.load_state_dict({**task.state, **self.private_state(cid, task.group)})
         if hasattr(module, "lr_factor"):
             module.lr_factor = task.lr_factor
         contexts = [(cb, self.context(cb, task)) for cb in self.callbacks]
+        fit = ClientFit(task, contexts, None, 1 if task.steps else task.epochs, None)
         for cb, ctx in contexts:
             cb.bind_client(ctx)
         try:
-            return self._fit_bound(task, contexts)
-        finally:
-            for cb, _ in contexts:
-                cb.bind_client(None)
+            for cb, ctx in contexts:
+                cb.on_client_start(ctx, module)
+            loader = self._train_loader(task)
+            for cb, ctx in contexts:
+                loader = cb.wrap_train_loader(ctx, loader)
+        except BaseException:
+            self._unbind(fit)
+            raise
+        fit.loader = loader
+        fit.optimizer_state = self.optimizer_states.get(cid, {}).get(task.group)
+        return fit
 
-    def _fit_bound(self, task: Task, contexts: list[tuple[FederatedCallback, ClientContext]]) -> Reply:
-        cid, module = task.client_id, self.module
-        for cb, ctx in contexts:
-            cb.on_client_start(ctx, module)
-        loader = self._train_loader(task)
-        for cb, ctx in contexts:
-            loader = cb.wrap_train_loader(ctx, loader)
-        key_opt = self.optimizer_states.get(cid, {})
-        try:
-            num_steps, opt_state = self.fitter.fit(
-                module,
-                loader,
-                1 if task.steps else task.epochs,
-                cid,
-                optimizer_state=key_opt.get(task.group),
-                keep_optimizer_state=self.keep_optimizer_state,
-            )
-        except PreconditionError:
-            raise  # a method that cannot work here fails the run, not one client
-        except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
-            return Reply(cid, task.group, error=f"its local fit raised {err!r}")
+    @staticmethod
+    def _unbind(fit: ClientFit) -> None:
+        for cb, _ in fit.contexts:
+            cb.bind_client(None)
+
+    @staticmethod
+    def _failed_fit(fit: ClientFit, err: Exception) -> Reply:
+        return Reply(fit.task.client_id, fit.task.group, error=f"its local fit raised {err!r}")
+
+    def _finish_fit(self, fit: ClientFit, num_steps: int, opt_state: dict[str, Any] | None) -> Reply:
+        """End a client's fit that trained ``num_steps`` batches: its reply, ``on_client_end`` and ``on_upload``."""
+        task, module = fit.task, self.module
+        cid = task.client_id
         report = module.fit_report()
         state = clone_state(module.state_dict())
         if not math.isfinite(report["train_loss"]) or not all_finite(state):
@@ -213,9 +286,9 @@ class ClientRuntime:
             num_steps=num_steps,
             metrics={"train_loss": report["train_loss"]},
         )
-        for cb, ctx in contexts:
+        for cb, ctx in fit.contexts:
             cb.on_client_end(ctx, module, reply)
-        for cb, ctx in contexts:  # after every on_client_end: e.g. secure aggregation masks the final update
+        for cb, ctx in fit.contexts:  # after every on_client_end: e.g. secure aggregation masks the final update
             cb.on_upload(ctx, reply)
         return reply
 
@@ -342,6 +415,11 @@ class ClientRuntime:
             cb.load_client_state_dict(state["callbacks"].get(cb.state_key, {}))
         self.data.load_sampler_state(state["data"])
         self.generations = dict(state.get("generations", {}))
+
+
+def _chunks(items: list[Task], size: int) -> Iterator[list[Task]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 class _PendingSampler:

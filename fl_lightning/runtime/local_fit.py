@@ -141,25 +141,79 @@ class LocalFitter:
             RuntimeError: If the fit ran no batch at all.
 
         """
-        trainer, probe = self.trainer, self.probe
+        trainer = self.trainer
         self._warn_if_unreproducible(loader, client_id)
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
         trainer.should_stop = False
-        probe.pending_optimizer_state = optimizer_state
-        probe.capture_optimizer_state = keep_optimizer_state
-        probe.captured_optimizer_state = None
-        before = probe.batches
+        self._arm_probe(optimizer_state, keep_optimizer_state)
+        before = self.probe.batches
         trainer.fit(module, train_dataloaders=loader)
-        ran = probe.batches - before
+        ran = self.probe.batches - before
+        self.check_ran(ran, epochs, loader, client_id)
+        return ran, self.probe.captured_optimizer_state
+
+    def fit_round(
+        self,
+        module: L.LightningModule,
+        source: L.LightningDataModule,
+        epochs: int,
+        first: tuple[DataLoader, str, dict[str, Any] | None],
+        keep: bool,
+    ) -> None:
+        """One ``trainer.fit`` of ``epochs`` epochs in total, each epoch's loader from ``source`` (a round fit).
+
+        Args:
+            module: The client module, holding the first client's starting weights.
+            source: The data source that switches clients between epochs (:class:`~.round_fit.RoundLoaders`).
+            epochs: The local epochs of every client of the fit together.
+            first: The first client's loader, id and optimiser state (restored before its first step).
+            keep: Capture each client's optimiser state at its end.
+        """
+        trainer = self.trainer
+        loader, client_id, optimizer_state = first
+        self._warn_if_unreproducible(loader, client_id)
+        trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
+        trainer.should_stop = False
+        self._arm_probe(optimizer_state, keep)
+        reload = trainer.reload_dataloaders_every_n_epochs
+        trainer.reload_dataloaders_every_n_epochs = 1  # Lightning asks the source for each epoch's loader
+        try:
+            trainer.fit(module, datamodule=source)
+        finally:
+            trainer.reload_dataloaders_every_n_epochs = reload
+
+    def restart_optimizer(
+        self, loader: DataLoader, client_id: str, optimizer_state: dict[str, Any] | None, keep: bool
+    ) -> None:
+        """A fresh optimiser from ``configure_optimizers`` for the next client of a round fit, its state restored.
+
+        As at the start of a fit of its own: the strategy builds the optimiser (and schedulers) from the module,
+        and the probe restores the client's kept state (``optimizer_state``) in ``on_train_start``.
+        """
+        self._warn_if_unreproducible(loader, client_id)
+        self.trainer.strategy.setup_optimizers(self.trainer)
+        self._arm_probe(optimizer_state, keep)
+
+    def _arm_probe(self, optimizer_state: dict[str, Any] | None, keep: bool) -> None:
+        probe = self.probe
+        probe.pending_optimizer_state = optimizer_state
+        probe.capture_optimizer_state = keep
+        probe.captured_optimizer_state = None
+
+    def check_ran(self, ran: int, epochs: int, loader: DataLoader, client_id: str) -> None:
+        """Check the batches one client's training ran (``epochs`` passes over ``loader`` were asked for).
+
+        Raises:
+            RuntimeError: If it ran no batch at all.
+        """
         if ran == 0:
             raise RuntimeError(
                 f"the local fit of client {client_id!r} ran no training batch (its loader is empty or the "
                 f"Trainer's limits, e.g. trainer.limit_train_batches, stopped it)"
             )
         expected = epochs * len(loader)
-        if ran != expected and trainer.limit_train_batches == 1.0:
-            warnings.warn(f"client {client_id!r} ran {ran} batches, expected {expected}", stacklevel=2)
-        return ran, probe.captured_optimizer_state
+        if ran != expected and self.trainer.limit_train_batches == 1.0:
+            warnings.warn(f"client {client_id!r} ran {ran} batches, expected {expected}", stacklevel=3)
 
     def _warn_if_unreproducible(self, loader: DataLoader, client_id: str) -> None:
         """Warn once when a training loader shuffles with torch's ``RandomSampler``.

@@ -25,6 +25,14 @@ def test_every_fit_on_the_one_trainer_runs_its_steps(make: Callable[[], lightnin
 
 
 @WORKLOADS
+def test_every_client_of_the_one_round_fit_runs_its_steps(make: Callable[[], lightning_step.Workload]) -> None:
+    workload = make()
+    seconds, steps = lightning_step.lightning_round_fit(workload.module, workload.loader(3), clients=4)
+    assert steps == 4 * 3
+    assert seconds > 0
+
+
+@WORKLOADS
 def test_the_plain_fit_runs_one_pass_that_trains_the_net(make: Callable[[], lightning_step.Workload]) -> None:
     workload = make()
     data = workload.loader(7)
