@@ -17,17 +17,13 @@ WORKLOADS = pytest.mark.parametrize("make", list(lightning_step.WORKLOADS.values
 
 
 @WORKLOADS
-def test_every_fit_on_the_one_trainer_runs_its_steps(make: Callable[[], lightning_step.Workload]) -> None:
+@pytest.mark.parametrize("fits", ["lightning_fits", "lightning_round_fit"])
+def test_every_fit_or_client_on_the_one_trainer_runs_its_steps(
+    make: Callable[[], lightning_step.Workload], fits: str
+) -> None:
+    """Four clients of three steps: in four fits of their own, or in one round fit."""
     workload = make()
-    seconds, steps = lightning_step.lightning_fits(workload.module, workload.loader(3), fits=4)
-    assert steps == 4 * 3
-    assert seconds > 0
-
-
-@WORKLOADS
-def test_every_client_of_the_one_round_fit_runs_its_steps(make: Callable[[], lightning_step.Workload]) -> None:
-    workload = make()
-    seconds, steps = lightning_step.lightning_round_fit(workload.module, workload.loader(3), clients=4)
+    seconds, steps = getattr(lightning_step, fits)(workload.module, workload.loader(3), 4)
     assert steps == 4 * 3
     assert seconds > 0
 
