@@ -288,7 +288,7 @@ class DPSGD(FederatedCallback):
         if not self.poisson:
             return loader
         generator = torch.Generator().manual_seed(poisson_seed(ctx.seed, ctx.client_id, ctx.round))
-        return poisson_loader(loader.dataset, sample_rate, len(loader), generator)
+        return poisson_loader(loader.dataset, sample_rate, len(loader), generator, loader.collate_fn)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -17,6 +17,25 @@ from datamodules.split import check_labels
 POOLED_KEY = "__pooled__"
 
 
+class BatchTensorDataset(TensorDataset):
+    """A :class:`~torch.utils.data.TensorDataset` that a DataLoader reads one batch at a time.
+
+    The DataLoader hands :meth:`__getitems__` a batch's indices; each tensor is indexed once, instead of once per
+    sample and then stacked by the default collate function. Use it with :func:`keep_batch` as the loader's
+    ``collate_fn``: the batches are the same tensors, value for value, as ``TensorDataset`` with default collation
+    gives (a list, one tensor per field).
+    """
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return [t[index] for t in self.tensors]
+
+
+def keep_batch(batch: list[Tensor]) -> list[Tensor]:
+    """The collate function of :class:`BatchTensorDataset` loaders: the batch is already one."""
+    return batch
+
+
 @dataclass
 class ClientSplit:
     """One client's data, already partitioned, styled and split.
@@ -328,20 +347,22 @@ class FederatedDataModule(L.LightningDataModule):
         # A view of the persistent sampler: shares its pass counter, has its own length.
         sampler = self._samplers[key].with_num_samples(steps * self.batch_size if steps is not None else None)
         return DataLoader(
-            TensorDataset(x, y),
+            BatchTensorDataset(x, y),
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=0,
             drop_last=False,
+            collate_fn=keep_batch,
             generator=loader_generator(self.seed, key),
         )
 
     def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
         return DataLoader(
-            TensorDataset(x, y),
+            BatchTensorDataset(x, y),
             batch_size=self.eval_batch_size,
             shuffle=False,
             num_workers=0,
+            collate_fn=keep_batch,
             generator=loader_generator(self.seed, "eval"),
         )
 
@@ -394,13 +415,14 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"steps must be >= 1 or None, got {steps}")
         data = self.client_data(client_id)
         view = sampler.with_num_samples(steps * self.batch_size if steps is not None else None)
-        dataset = TensorDataset(data.train_x[indices], data.train_y[indices])
+        dataset = BatchTensorDataset(data.train_x[indices], data.train_y[indices])
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=view,
             num_workers=0,
             drop_last=False,
+            collate_fn=keep_batch,
             generator=loader_generator(self.seed, "subset", client_id),
         )
 

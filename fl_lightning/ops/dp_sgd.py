@@ -10,8 +10,9 @@ example independently with probability q), T such steps are the sampled Gaussian
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -97,11 +98,18 @@ def batch_norm_layers(module: nn.Module) -> list[str]:
     return [name for name, m in module.named_modules() if isinstance(m, _BatchNorm)]
 
 
-def poisson_loader(dataset: Dataset, sample_rate: float, steps: int, generator: torch.Generator) -> DataLoader:
+def poisson_loader(
+    dataset: Dataset,
+    sample_rate: float,
+    steps: int,
+    generator: torch.Generator,
+    collate_fn: Callable[[Any], Any] = default_collate,
+) -> DataLoader:
     """A loader of ``steps`` batches per pass, each holding every example independently with probability q.
 
     Opacus' :class:`UniformWithReplacementSampler` draws the batches (and its collate function turns an empty
     draw into a zero-length batch), from ``generator`` only: the batches depend on its seed and nothing else.
+    ``collate_fn`` is the client loader's own (a dataset read one batch at a time brings its own).
     """
     from opacus.data_loader import wrap_collate_with_empty
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
@@ -113,5 +121,5 @@ def poisson_loader(dataset: Dataset, sample_rate: float, steps: int, generator: 
         dataset,
         batch_sampler=sampler,
         num_workers=0,
-        collate_fn=wrap_collate_with_empty(collate_fn=default_collate),
+        collate_fn=wrap_collate_with_empty(collate_fn=collate_fn),
     )
