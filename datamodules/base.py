@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from datamodules.sampler import SeededEpochSampler, stable_seed
 from datamodules.shifts import style_name
@@ -17,23 +19,42 @@ from datamodules.split import check_labels
 POOLED_KEY = "__pooled__"
 
 
+class SampleBatch(Sequence[tuple[Tensor, ...]]):
+    """The samples of one batch, read at once: a sequence of per-sample tuples, and the batched tensors.
+
+    Any collate function sees what :class:`~torch.utils.data.TensorDataset` gives it (``batch[i]`` is sample
+    ``i``'s tuple); :func:`keep_batch` takes the tensors as they are.
+    """
+
+    def __init__(self, tensors: list[Tensor]) -> None:
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, i: int) -> tuple[Tensor, ...]:  # type: ignore[override]
+        return tuple(t[i] for t in self.tensors)
+
+
 class BatchTensorDataset(TensorDataset):
     """A :class:`~torch.utils.data.TensorDataset` that a DataLoader reads one batch at a time.
 
     The DataLoader hands :meth:`__getitems__` a batch's indices; each tensor is indexed once, instead of once per
-    sample and then stacked by the default collate function. Use it with :func:`keep_batch` as the loader's
-    ``collate_fn``: the batches are the same tensors, value for value, as ``TensorDataset`` with default collation
-    gives (a list, one tensor per field).
+    sample. With :func:`keep_batch` as the loader's ``collate_fn`` the batch is used as read (no stacking): the same
+    tensors, value for value, as ``TensorDataset`` with default collation gives (a list, one tensor per field). A
+    loader given another collate function (a subclass's augmentation) gets the batch's samples, as before.
     """
 
-    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+    def __getitems__(self, indices: list[int]) -> SampleBatch:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return [t[index] for t in self.tensors]
+        return SampleBatch([t[index] for t in self.tensors])
 
 
-def keep_batch(batch: list[Tensor]) -> list[Tensor]:
-    """The collate function of :class:`BatchTensorDataset` loaders: the batch is already one."""
-    return batch
+def keep_batch(batch: Sequence[Any]) -> Any:
+    """The collate function of :class:`BatchTensorDataset` loaders: a :class:`SampleBatch` is already one."""
+    if isinstance(batch, SampleBatch):
+        return list(batch.tensors)
+    return default_collate(batch)
 
 
 @dataclass

@@ -53,6 +53,21 @@ def test_the_poisson_loader_over_batch_reads_draws_the_same_batches_and_empty_on
     want = batches(TensorDataset(x, y), torch.utils.data.default_collate)
     assert any(len(b[0]) == 0 for b in got)  # at q = 0.1 some draws are empty
     for a, b in zip(got, want, strict=True):
-        assert len(a[0]) == len(b[0]) and a[0].shape[1:] == (2,)
-        if len(a[0]):
-            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert len(a) == len(b)
+        for u, v in zip(a, b, strict=True):
+            assert u.shape == v.shape and u.dtype == v.dtype and torch.equal(u, v)
+
+
+def test_a_loader_given_its_own_collate_function_still_gets_samples():
+    """A subclass's augmentation collate (as in test_resume_safety) sees per-sample tuples, as with TensorDataset."""
+    x, y = torch.randn(10, 1, 2, 2), torch.arange(10)
+    seen = []
+
+    def collate(samples):
+        seen.append([tuple(t.shape) for t in samples[0]])
+        return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+
+    loader = DataLoader(BatchTensorDataset(x, y), batch_size=4, collate_fn=collate)
+    batches = list(loader)
+    assert seen[0] == [(1, 2, 2), ()]
+    assert torch.equal(torch.cat([b[0] for b in batches]), x) and torch.equal(torch.cat([b[1] for b in batches]), y)
