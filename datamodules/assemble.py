@@ -122,18 +122,25 @@ def build_client_splits(
                 mask = torch.as_tensor(domain == s)
                 x[mask] = apply_style(x[mask], styles[int(s)], seed=stable_seed(seed, "style", client_id, int(s)))
         train, test = split_train_test(idx, labels, test_fraction, stable_seed(seed, "split", client_id))
-        train_pos = torch.as_tensor(np.searchsorted(idx, train))
-        test_pos = torch.as_tensor(np.searchsorted(idx, test))
         dom = torch.as_tensor(domain, dtype=torch.int64) if domain is not None else None
+        local_labels = torch.as_tensor(labels[idx], dtype=torch.int64)  # labels[train] = this at train's positions
         out.append(
-            ClientSplit(
-                client_id=client_id,
-                train_x=x[train_pos].contiguous(),
-                train_y=torch.as_tensor(labels[train], dtype=torch.int64),
-                test_x=x[test_pos].contiguous(),
-                test_y=torch.as_tensor(labels[test], dtype=torch.int64),
-                train_domain=dom[train_pos] if dom is not None else None,
-                test_domain=dom[test_pos] if dom is not None else None,
-            )
+            client_split(client_id, x, local_labels, dom, np.searchsorted(idx, train), np.searchsorted(idx, test))
         )
     return out
+
+
+def client_split(
+    client_id: str, x: Tensor, labels: Tensor, domain: Tensor | None, train: np.ndarray, test: np.ndarray
+) -> ClientSplit:
+    """A client's split: rows ``train`` and ``test`` of ``x``, ``labels`` (int64) and, if given, ``domain``."""
+    tr, te = torch.as_tensor(train), torch.as_tensor(test)
+    return ClientSplit(
+        client_id=client_id,
+        train_x=x[tr].contiguous(),
+        train_y=labels[tr],
+        test_x=x[te].contiguous(),
+        test_y=labels[te],
+        train_domain=domain[tr] if domain is not None else None,
+        test_domain=domain[te] if domain is not None else None,
+    )

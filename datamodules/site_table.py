@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from datamodules.assemble import client_split
 from datamodules.base import ClientSplit, FederatedDataModule, check_image_args
 from datamodules.image_folder import load_image
 from datamodules.partition import check_clients_fit, min_samples_for_test
@@ -420,23 +421,13 @@ class SiteTableFederated(FederatedDataModule):
     ) -> list[ClientSplit]:
         out = []
         domain = torch.as_tensor(site_index, dtype=torch.int64)
+        y = torch.as_tensor(labels, dtype=torch.int64)
         for cid, idx in zip(ids, parts, strict=True):
             if is_test is None:
                 train, test = split_train_test(idx, labels, self.test_fraction, stable_seed(self.seed, "split", cid))
             else:
                 train, test = idx[~is_test[idx]], idx[is_test[idx]]
-            tr, te = torch.as_tensor(train), torch.as_tensor(test)
-            out.append(
-                ClientSplit(
-                    client_id=cid,
-                    train_x=x[tr].contiguous(),
-                    train_y=torch.as_tensor(labels[train], dtype=torch.int64),
-                    test_x=x[te].contiguous(),
-                    test_y=torch.as_tensor(labels[test], dtype=torch.int64),
-                    train_domain=domain[tr],
-                    test_domain=domain[te],
-                )
-            )
+            out.append(client_split(cid, x, y, domain, train, test))
         return out
 
     # ------------------------------------------------------------------------------------------- names

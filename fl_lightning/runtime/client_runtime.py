@@ -27,7 +27,7 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state, select_keys
 from fl_lightning.ops.state import StateDict, all_finite, state_bytes
 from fl_lightning.runtime.local_fit import LocalFitter
-from fl_lightning.runtime.round_fit import ClientFit, RoundFit, round_fit_blocker
+from fl_lightning.runtime.round_fit import ClientFit, RoundFit, local_passes, round_fit_blocker
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
 
@@ -119,9 +119,12 @@ class ClientRuntime:
         }
         if task.kind not in handlers:
             raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
+        self._count_generation(task)
+        return handlers[task.kind](task)
+
+    def _count_generation(self, task: Task) -> None:
         if task.kind != protocol.EVALUATE:  # the only kind that changes no state
             self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
-        return handlers[task.kind](task)
 
     def handle_bytes(self, data: bytes) -> bytes:
         """Answer an encoded task with an encoded reply (what a remote transport calls)."""
@@ -195,7 +198,7 @@ class ClientRuntime:
                 continue
             for chunk in _chunks(fits, max(1, ROUND_FIT_BYTES // max(1, state_bytes(self.module)))):
                 for task in chunk:
-                    self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
+                    self._count_generation(task)
                 while chunk:
                     replies = RoundFit(
                         self.fitter, self.module, chunk, self._begin_fit, self._finish_fit, self._failed_fit,
@@ -241,7 +244,7 @@ class ClientRuntime:
         if hasattr(module, "lr_factor"):
             module.lr_factor = task.lr_factor
         contexts = [(cb, self.context(cb, task)) for cb in self.callbacks]
-        fit = ClientFit(task, contexts, None, 1 if task.steps else task.epochs, None)
+        fit = ClientFit(task, contexts, None, local_passes(task), None)
         for cb, ctx in contexts:
             cb.bind_client(ctx)
         try:

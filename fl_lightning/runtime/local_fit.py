@@ -142,10 +142,7 @@ class LocalFitter:
 
         """
         trainer = self.trainer
-        self._warn_if_unreproducible(loader, client_id)
-        trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
-        trainer.should_stop = False
-        self._arm_probe(optimizer_state, keep_optimizer_state)
+        self._prepare(loader, client_id, epochs, optimizer_state, keep_optimizer_state)
         before = self.probe.batches
         trainer.fit(module, train_dataloaders=loader)
         ran = self.probe.batches - before
@@ -171,10 +168,7 @@ class LocalFitter:
         """
         trainer = self.trainer
         loader, client_id, optimizer_state = first
-        self._warn_if_unreproducible(loader, client_id)
-        trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
-        trainer.should_stop = False
-        self._arm_probe(optimizer_state, keep)
+        self._prepare(loader, client_id, epochs, optimizer_state, keep)
         reload = trainer.reload_dataloaders_every_n_epochs
         trainer.reload_dataloaders_every_n_epochs = 1  # Lightning asks the source for each epoch's loader
         try:
@@ -192,6 +186,16 @@ class LocalFitter:
         """
         self._warn_if_unreproducible(loader, client_id)
         self.trainer.strategy.setup_optimizers(self.trainer)
+        self._arm_probe(optimizer_state, keep)
+
+    def _prepare(
+        self, loader: DataLoader, client_id: str, epochs: int, optimizer_state: dict[str, Any] | None, keep: bool
+    ) -> None:
+        """Before a ``trainer.fit``: its epoch budget raised by ``epochs``, the probe armed for the first client."""
+        trainer = self.trainer
+        self._warn_if_unreproducible(loader, client_id)
+        trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
+        trainer.should_stop = False
         self._arm_probe(optimizer_state, keep)
 
     def _arm_probe(self, optimizer_state: dict[str, Any] | None, keep: bool) -> None:

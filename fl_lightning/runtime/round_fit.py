@@ -63,6 +63,11 @@ def round_fit_blocker(trainer: L.Trainer, module: L.LightningModule) -> str | No
     return None
 
 
+def local_passes(task: Task) -> int:
+    """The passes over its loader a fit task asks for: its epochs, or one pass of ``task.steps`` batches."""
+    return 1 if task.steps else task.epochs
+
+
 class RoundLoaders(L.LightningDataModule):
     """The round fit's data source: each epoch's loader comes from ``next_loader`` (which may switch clients)."""
 
@@ -137,7 +142,7 @@ class RoundFit:
         fitter = self.fitter
         self.current = self.begin(self.tasks[0])
         self.before, self.epochs_given = fitter.probe.batches, 0
-        total = sum(self._epochs(task) for task in self.tasks)
+        total = sum(local_passes(task) for task in self.tasks)
         try:
             first = (self.current.loader, self.current.task.client_id, self.current.optimizer_state)
             fitter.fit_round(self.module, RoundLoaders(self._next_loader), total, first, self.keep_optimizer_state)
@@ -154,10 +159,6 @@ class RoundFit:
             return self.replies
         self._end_current()  # the last client to train (Lightning ran its on_train_end hooks)
         return self.replies
-
-    @staticmethod
-    def _epochs(task: Task) -> int:
-        return 1 if task.steps else task.epochs
 
     def _next_loader(self) -> Any:
         """The loader of the next epoch: the current client's until its epochs are given, then the next client's."""
