@@ -25,6 +25,7 @@ from fl_lightning.outputs.checkpoint import rng_state, set_rng_state
 from fl_lightning.outputs.run_dir import json_safe
 from fl_lightning.runtime import ClientRuntime
 from fl_lightning.server.federation import Federation
+from fl_lightning.startup import early_ranks
 
 # main() passes the command line to LightningCLI itself (the ranks and the serialized runtime add to it): intended.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -203,8 +204,30 @@ def run_rank(argv: list[str]) -> dict[str, Any]:
         workers_per_device = _peek_int(argv, "--federation.workers_per_device", 1)
         extra += [f"--trainer.devices=[{distributed.device_index(local_rank, workers_per_device)}]"]
     distributed.hide_elastic_environment()  # before the Trainer exists: it must stay a single-device Trainer
+    group = early_ranks.started()  # the other ranks, when this process started them (train.py)
+    if group is None:
+        return _serve_rank(argv, extra, rank, world)
+    ok = False
+    try:
+        summary = _serve_rank(argv, extra, rank, world, group.check_workers)
+        ok = True
+        return summary
+    except RuntimeError as err:
+        if group.failure is None or isinstance(err, distributed.RankError):
+            raise
+        raise distributed.RankError(f"{group.failure}: {err}") from err  # a call on the group failed with it
+    finally:
+        group.close(ok)  # waits for the other ranks' exits after a good run, else stops them
+
+
+def _serve_rank(
+    argv: list[str], extra: list[str], rank: int, world: int, check_workers: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Build this rank's run, join the group and run it: the Federation on rank 0, the client server elsewhere."""
     cli = _build([*argv, *extra])
     cfg: FederationConfig = cli.config_init["federation"]
+    if check_workers is not None:
+        check_workers(cfg.workers)
     distributed.init_process_group(rank, world, cfg.rank_timeout)
     try:
         data = cli.datamodule

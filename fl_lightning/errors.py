@@ -16,3 +16,7 @@ class StopFederation(Exception):  # noqa: N818 - a signal, not an error: the run
     the last models if that round was not evaluated, checkpoints them and writes ``summary.json`` with
     ``stopped`` = the message. Raise it from ``on_round_start`` only (before any task of the round is sent).
     """
+
+
+class RankError(RuntimeError):
+    """A rank of a distributed run died, hung past the timeout, or failed; the message names it."""

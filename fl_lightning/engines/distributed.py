@@ -12,7 +12,6 @@ depend on the number of ranks.
 from __future__ import annotations
 
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -25,7 +24,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from typing_extensions import override
 
+from fl_lightning.errors import RankError
 from fl_lightning.runtime import ClientRuntime
+from fl_lightning.startup.early_ranks import free_port
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
 from fl_lightning.wire.transport import Transport
@@ -37,10 +38,6 @@ ELASTIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 # Per-client entries of a runtime's checkpoint state (everything else is shared by the ranks).
 PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data", "generations")
 _OPS = ("tasks", "prepare", "start", "state", "load", "stop")  # what rank 0 asks the other ranks
-
-
-class RankError(RuntimeError):
-    """A rank died, hung past the timeout, or failed; the message names it."""
 
 
 def shard_clients(sizes: dict[str, int], world_size: int) -> dict[str, int]:
@@ -365,13 +362,6 @@ def destroy_process_group() -> None:
     """Leave the process group (if joined)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(fn: Callable[..., None], world_size: int, args: tuple[Any, ...]) -> None:

@@ -92,6 +92,10 @@ def runs(tmp_path_factory):
     jobs.append(resume_args(root, "one-two", "--federation.resume=last"))
     run_on_two_ranks(jobs)
     main(resume_args(root, "two-one", "--federation.resume=last"))
+    # The command line's own path: train.py is rank 0 and starts rank 1 before it imports anything.
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *resume_args(root, "train-py-two"),
+                           "--federation.workers=2"], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return root
 
 
@@ -100,6 +104,12 @@ def test_two_ranks_give_the_one_process_final_state_bit_for_bit(runs, name):
     one, two = describe(runs / "one" / name), describe(runs / "two" / name)
     assert two["sha256"] == one["sha256"]
     assert two["summary"] == one["summary"]
+
+
+def test_train_py_with_two_workers_gives_the_one_process_final_state_bit_for_bit(runs):
+    two, one = describe(runs / "train-py-two"), describe(runs / "uninterrupted")
+    assert two["sha256"] == one["sha256"]
+    assert json.loads((runs / "train-py-two" / "summary.json").read_text())["rounds"] == 3
 
 
 @pytest.mark.parametrize("name", ["one-two", "two-one"])
@@ -165,11 +175,18 @@ def test_runtime_state_splits_by_owner_and_merges_back():
     assert distributed.merge_runtime_states(parts) == state
 
 
-def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_path):
+# train.py starts rank 1 itself and is rank 0 (early_ranks.py); main() called by a program spawns both ranks.
+ENTRIES = {"train.py": ([str(REPO / "train.py")], b"train.py", 1), "main()": (
+    ["-c", "from fl_lightning.cli import main; main()"], b"spawn_main", 2)}  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_path, entry):
+    command, rank_marker, spawned = ENTRIES[entry]
     args = [*resume_args(tmp_path, "killed", "--federation.rounds=8", "--federation.local_epochs=3",
             "--data.max_samples_per_client=60"), "--federation.workers=2", "--federation.rank_timeout=30"]  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from fl_lightning.cli import main; main()", *args],
+        [sys.executable, *command, *args],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
@@ -180,9 +197,9 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_pa
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.1)
         children = sorted(int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split())
-        ranks = [p for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(ranks) == 2, children
-        os.kill(ranks[1], signal.SIGKILL)  # rank 1 (spawned second)
+        ranks = [p for p in children if rank_marker in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(ranks) == spawned, children
+        os.kill(ranks[-1], signal.SIGKILL)  # rank 1 (spawned last)
         killed_at = time.monotonic()
         err = proc.communicate(timeout=60)[1].decode()
         assert time.monotonic() - killed_at < 60
