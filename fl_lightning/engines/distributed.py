@@ -12,6 +12,7 @@ depend on the number of ranks.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -159,6 +160,40 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+class _Answers(threading.Thread):
+    """Receives the answers of ``ranks``, in that order, in a thread of its own; :meth:`wait` returns them.
+
+    gloo waits for a message without holding the GIL, so rank 0 handles its own clients meanwhile.
+    """
+
+    def __init__(self, collect: Callable[[int], dict[str, Any]], ranks: list[int]) -> None:
+        super().__init__(name="rank-answers", daemon=True)  # daemon: a rank 0 that fails does not wait for it
+        self._collect, self._ranks = collect, ranks
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        """Collect every rank's answer; keep the first error for :meth:`wait`."""
+        try:
+            for rank in self._ranks:
+                self._answers[rank] = self._collect(rank)
+        except BaseException as err:  # noqa: BLE001 - raised again in the thread that waits for the answers
+            self._error = err
+
+    def wait(self) -> dict[int, dict[str, Any]]:
+        """Every rank's answer, by rank.
+
+        Raises:
+            RankError: If a rank failed, died or hung (what collecting its answer raised).
+            protocol.MessageError: If a rank's answer is malformed, naming the rank.
+        """
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._answers
+
+
 class DistributedTransport(Transport):
     """The server's transport over torch.distributed: tasks go to the rank hosting their client.
 
@@ -224,6 +259,8 @@ class DistributedTransport(Transport):
         self.bytes_down += sum(protocol.encoded_size(task) for task in tasks)
         # Remote ranks first (they work while rank 0 handles its own), then rank 0's, then collect.
         pending = [self._post(rank, {"op": "tasks", "tasks": [tasks[i] for i in idx]}) for rank, idx in remote.items()]
+        # A rank done before rank 0 sends its replies meanwhile: received (and decoded) while rank 0 still works.
+        answers = _Answers(self._collect, list(remote)) if local and remote else None
         t0 = time.perf_counter()
         if local:
             for i, reply in zip(local, self.runtime.handle_many([tasks[i] for i in local]), strict=True):
@@ -232,8 +269,9 @@ class DistributedTransport(Transport):
         fit = bool(tasks) and tasks[0].kind == protocol.FIT  # a batch holds one kind of task; throughput counts fits
         if fit:
             self._seconds[0] += time.perf_counter() - t0
+        received = answers.wait() if answers is not None else {rank: self._collect(rank) for rank in remote}
         for rank, indices in remote.items():
-            answer = self._collect(rank)
+            answer = received[rank]
             got = _answer_field(answer, rank, "replies", list)
             if len(got) != len(indices) or not all(isinstance(r, Reply) for r in got):
                 raise protocol.MessageError(f"rank {rank} answered {len(indices)} tasks with {_brief(got)}")

@@ -5,6 +5,7 @@ No process group: ``dist.recv`` and ``_recv`` are replaced by what a broken or h
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -125,3 +126,50 @@ def test_a_ranks_runtime_state_must_be_a_dict(monkeypatch):
     transport.runtime = type("Runtime", (), {"state_dict": lambda self: {}})()
     with pytest.raises(MessageError, match="rank 1's answer has no 'state' of type dict"):
         transport.runtime_state()
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+class _OwnClients:
+    """Rank 0's runtime: its client finishes only once rank 1's answer has been received."""
+
+    def __init__(self, received: threading.Event) -> None:
+        self.received = received
+
+    def handle_many(self, tasks: list[Task]) -> list[Reply]:
+        assert self.received.wait(10), "rank 1's answer was not received while rank 0 handled its own client"
+        return [Reply(t.client_id, num_samples=1) for t in tasks]
+
+
+def two_rank_transport(monkeypatch: pytest.MonkeyPatch, recv: Any) -> DistributedTransport:
+    received = threading.Event()
+    transport = DistributedTransport(_OwnClients(received), {"c0": 0, "c1": 1}, 2)  # type: ignore[arg-type]
+    monkeypatch.setattr(transport, "_post", lambda rank, message: _Done())
+
+    def receiving(src: int) -> tuple[Any, int]:
+        try:
+            return recv(src), 100
+        finally:
+            received.set()
+
+    monkeypatch.setattr(distributed, "_recv", receiving)
+    return transport
+
+
+def test_another_ranks_answer_is_received_while_rank_zero_handles_its_own_clients(monkeypatch):
+    answer = {"replies": [Reply("c1", num_samples=2)], "seconds": 0.5}
+    transport = two_rank_transport(monkeypatch, lambda src: answer)
+    replies = list(transport.stream([Task(protocol.FIT, 0, "c0"), Task(protocol.FIT, 0, "c1")]))
+    assert [(r.client_id, r.num_samples) for r in replies] == [("c0", 1), ("c1", 2)]  # in the order of the tasks
+
+
+def test_an_answer_that_fails_in_the_background_is_raised_naming_the_rank(monkeypatch):
+    def dead(src: int) -> Any:
+        raise RuntimeError("Connection closed by peer")
+
+    transport = two_rank_transport(monkeypatch, dead)
+    with pytest.raises(RankError, match="rank 1 did not answer .*Connection closed by peer"):
+        list(transport.stream([Task(protocol.FIT, 0, "c0"), Task(protocol.FIT, 0, "c1")]))
