@@ -183,17 +183,21 @@ class RankGroup:
         self._closing.set()
         if not ok:
             self._stop_children()
+        error: str | None = None
         for rank, proc in self.children.items():
             try:
-                code = proc.wait(EXIT_WAIT_S if ok else GRACE_S)
+                code: int | None = proc.wait(EXIT_WAIT_S if ok and error is None else GRACE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                if ok:
-                    raise RankError(f"rank {rank} did not exit within {EXIT_WAIT_S:.0f} s of the run's end") from None
-                continue
-            if ok and code != 0:
-                raise RankError(f"rank {rank} {describe_exit(code)}")
+                code = None
+            if ok and error is None and code != 0:
+                error = f"rank {rank} " + (
+                    f"did not exit within {EXIT_WAIT_S:.0f} s of the run's end" if code is None else describe_exit(code)
+                )
+                self._stop_children()  # the ranks still running are not waited for
+        if error is not None:
+            raise RankError(error)
 
 
 def describe_exit(code: int) -> str:

@@ -133,3 +133,14 @@ def test_reading_the_command_line_imports_neither_torch_nor_lightning():
     code = "import sys, fl_lightning.startup.early_ranks; print(sorted({'torch', 'lightning'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_rank_that_failed_by_the_end_is_named_and_the_others_are_not_waited_for(monkeypatch):
+    monkeypatch.setattr(RankGroup, "_watch", lambda self, rank, proc: None)  # closing alone, no watcher
+    failed, sleeper = child("raise SystemExit(3)"), child("import time; time.sleep(60)")
+    failed.wait(30)
+    group = RankGroup({1: failed, 2: sleeper})
+    started = time.monotonic()
+    with pytest.raises(RankError, match="rank 1 exited with code 3"):
+        group.close(ok=True)
+    assert sleeper.wait(30) != 0 and time.monotonic() - started < 30
