@@ -51,7 +51,8 @@ class FederationConfig:
             ``serialized`` (every task and reply is encoded to bytes and decoded, and the client runtime
             holds its own copies of module, data and callbacks: proves that only messages cross the line).
         workers: Processes to run the clients on (torch.distributed; rank 0 is also the server). ``N > 1`` starts
-            them on this machine; under ``torchrun`` (or SLURM's ``srun`` + torchrun) the launcher's ranks are used.
+            them on this machine (``train.py`` is rank 0 itself and starts ranks 1 … N − 1 before it imports
+            torch); under ``torchrun`` (or SLURM's ``srun`` + torchrun) the launcher's ranks are used.
         workers_per_device: Ranks that share one GPU (rank r uses ``cuda:(local_rank // workers_per_device)``).
         rank_timeout: Seconds rank 0 waits for a rank's answer (and a rank for rank 0's next message) before the
             run stops with an error naming it.
