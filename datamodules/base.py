@@ -57,6 +57,18 @@ def keep_batch(batch: Sequence[Any]) -> Any:
     return default_collate(batch)
 
 
+def batch_loader(tensors: Sequence[Tensor], batch_size: int, generator: torch.Generator, **kwargs: Any) -> DataLoader:
+    """A DataLoader over ``tensors`` that reads a batch at a time (:class:`BatchTensorDataset`, :func:`keep_batch`)."""
+    return DataLoader(
+        BatchTensorDataset(*tensors),
+        batch_size=batch_size,
+        num_workers=0,
+        collate_fn=keep_batch,
+        generator=generator,
+        **kwargs,
+    )
+
+
 @dataclass
 class ClientSplit:
     """One client's data, already partitioned, styled and split.
@@ -363,29 +375,17 @@ class FederatedDataModule(L.LightningDataModule):
     # ----------------------------------------------------------------------------------------------- loaders
 
     def _train_loader(self, x: Tensor, y: Tensor, key: str, steps: int | None) -> DataLoader:
+        sampler = self._sampler_view(self._samplers[key], steps)
+        return batch_loader((x, y), self.batch_size, loader_generator(self.seed, key), sampler=sampler)
+
+    def _sampler_view(self, sampler: SeededEpochSampler, steps: int | None) -> SeededEpochSampler:
+        """A view of a persistent sampler: shares its pass counter; with ``steps``, ``steps`` batches per pass."""
         if steps is not None and steps < 1:
             raise ValueError(f"steps must be >= 1 or None, got {steps}")
-        # A view of the persistent sampler: shares its pass counter, has its own length.
-        sampler = self._samplers[key].with_num_samples(steps * self.batch_size if steps is not None else None)
-        return DataLoader(
-            BatchTensorDataset(x, y),
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=0,
-            drop_last=False,
-            collate_fn=keep_batch,
-            generator=loader_generator(self.seed, key),
-        )
+        return sampler.with_num_samples(steps * self.batch_size if steps is not None else None)
 
     def _eval_loader(self, x: Tensor, y: Tensor) -> DataLoader:
-        return DataLoader(
-            BatchTensorDataset(x, y),
-            batch_size=self.eval_batch_size,
-            shuffle=False,
-            num_workers=0,
-            collate_fn=keep_batch,
-            generator=loader_generator(self.seed, "eval"),
-        )
+        return batch_loader((x, y), self.eval_batch_size, loader_generator(self.seed, "eval"), shuffle=False)
 
     def client_train_loader(self, client_id: str, steps: int | None = None) -> DataLoader:
         """Shuffled training loader of one client, yielding ``(x, y)`` batches.
@@ -432,20 +432,10 @@ class FederatedDataModule(L.LightningDataModule):
         """
         if sampler.data_len != len(indices):
             raise ValueError(f"subset sampler of {client_id!r} covers {sampler.data_len} samples, not {len(indices)}")
-        if steps is not None and steps < 1:
-            raise ValueError(f"steps must be >= 1 or None, got {steps}")
+        view = self._sampler_view(sampler, steps)
         data = self.client_data(client_id)
-        view = sampler.with_num_samples(steps * self.batch_size if steps is not None else None)
-        dataset = BatchTensorDataset(data.train_x[indices], data.train_y[indices])
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=view,
-            num_workers=0,
-            drop_last=False,
-            collate_fn=keep_batch,
-            generator=loader_generator(self.seed, "subset", client_id),
-        )
+        generator = loader_generator(self.seed, "subset", client_id)
+        return batch_loader((data.train_x[indices], data.train_y[indices]), self.batch_size, generator, sampler=view)
 
     def client_test_loader(self, client_id: str) -> DataLoader:
         """Unshuffled test loader of one client, yielding ``(x, y)`` batches of ``eval_batch_size``.

@@ -209,7 +209,7 @@ def run_rank(argv: list[str]) -> dict[str, Any]:
         return _serve_rank(argv, extra, rank, world)
     ok = False
     try:
-        summary = _serve_rank(argv, extra, rank, world, group.check_workers)
+        summary = _serve_rank(argv, extra, rank, world, group)
         ok = True
         return summary
     except RuntimeError as err:
@@ -221,13 +221,13 @@ def run_rank(argv: list[str]) -> dict[str, Any]:
 
 
 def _serve_rank(
-    argv: list[str], extra: list[str], rank: int, world: int, check_workers: Callable[[int], None] | None = None
+    argv: list[str], extra: list[str], rank: int, world: int, group: early_ranks.RankGroup | None = None
 ) -> dict[str, Any]:
     """Build this rank's run, join the group and run it: the Federation on rank 0, the client server elsewhere."""
     cli = _build([*argv, *extra])
     cfg: FederationConfig = cli.config_init["federation"]
-    if check_workers is not None:
-        check_workers(cfg.workers)
+    if group is not None:  # the ranks this process started must be the ones the config asks for
+        group.check_workers(cfg.workers)
     distributed.init_process_group(rank, world, cfg.rank_timeout)
     try:
         data = cli.datamodule

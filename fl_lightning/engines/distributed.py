@@ -260,7 +260,7 @@ class DistributedTransport(Transport):
         # Remote ranks first (they work while rank 0 handles its own), then rank 0's, then collect.
         pending = [self._post(rank, {"op": "tasks", "tasks": [tasks[i] for i in idx]}) for rank, idx in remote.items()]
         # A rank done before rank 0 sends its replies meanwhile: received (and decoded) while rank 0 still works.
-        answers = _Answers(self._collect, list(remote)) if local and remote else None
+        answers = _Answers(self._collect, list(remote))
         t0 = time.perf_counter()
         if local:
             for i, reply in zip(local, self.runtime.handle_many([tasks[i] for i in local]), strict=True):
@@ -269,7 +269,7 @@ class DistributedTransport(Transport):
         fit = bool(tasks) and tasks[0].kind == protocol.FIT  # a batch holds one kind of task; throughput counts fits
         if fit:
             self._seconds[0] += time.perf_counter() - t0
-        received = answers.wait() if answers is not None else {rank: self._collect(rank) for rank in remote}
+        received = answers.wait()
         for rank, indices in remote.items():
             answer = received[rank]
             got = _answer_field(answer, rank, "replies", list)

@@ -220,19 +220,19 @@ class ClientRuntime:
     def _fit(self, task: Task) -> Reply:
         fit = self._begin_fit(task)
         try:
-            try:
-                num_steps, opt_state = self.fitter.fit(
-                    self.module,
-                    fit.loader,
-                    fit.epochs,
-                    task.client_id,
-                    optimizer_state=fit.optimizer_state,
-                    keep_optimizer_state=self.keep_optimizer_state,
-                )
-            except PreconditionError:
-                raise  # a method that cannot work here fails the run, not one client
-            except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
-                return self._failed_fit(fit, err)
+            num_steps, opt_state = self.fitter.fit(
+                self.module,
+                fit.loader,
+                fit.epochs,
+                task.client_id,
+                optimizer_state=fit.optimizer_state,
+                keep_optimizer_state=self.keep_optimizer_state,
+            )
+        except PreconditionError:
+            raise  # a method that cannot work here fails the run, not one client
+        except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
+            return self._failed_fit(fit, err)
+        else:
             return self._finish_fit(fit, num_steps, opt_state)
         finally:
             self._unbind(fit)

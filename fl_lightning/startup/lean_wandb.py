@@ -2,7 +2,8 @@
 
 Every ``wandb.init`` ends by applying "staged launch inputs" (``Run._detect_and_apply_job_inputs``), for which it
 imports ``wandb.sdk.launch.inputs.internal`` and with it W&B's whole public API client (artifacts, registries,
-runs): about a second of CPU in the process that opens the run, spent while round 1 trains. Inputs are staged only
+runs): CPU time in the process that opens the run, spent while round 1 trains (figures in
+``benchmarks/MEASUREMENTS.md``). Inputs are staged only
 by calling W&B Launch's input functions in this process (``wandb.sdk.launch.manage_config_file``,
 ``manage_wandb_config``), which imports that module; while it is not imported nothing can be staged, and the step
 is skipped. Once it is imported (a script that stages inputs, or a W&B Launch job), W&B's own step runs unchanged.

@@ -10,15 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+from fl_lightning.startup.early_ranks import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    """An ephemeral port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout: float = 60.0) -> None:
