@@ -5,15 +5,17 @@ twice each way: timed (the device synchronised at the boundaries below, in both 
 counting the host synchronisations by where they come from (``torch.cuda.set_sync_debug_mode``). The Federation's
 time is split into
 
-- Lightning's fit set-up: ``trainer.fit`` called → first training batch starts (``Trainer._run``: strategy and
+- Lightning's fit set-up: ``trainer.fit`` called → its ``on_train_start`` hooks (``Trainer._run``: strategy and
   optimiser set-up, loader processing, loop resets), once per round fit (``federation.round_fit``, the default) or
   once per client (``--per-client-fits``);
-- steps: first batch starts → last batch ends, over the steps run (forward, backward, optimiser step, the data
-  loader, and Lightning's per-step dispatch: hooks, closure, ``LightningOptimizer``), less the client switches;
+- steps: ``on_train_start`` → the last step's ``on_before_optimizer_step``, over the steps run (forward,
+  backward, optimiser step, the data loader, and Lightning's dispatch: per step with Lightning's loop per step
+  (``--lightning-loop``: hooks, closure, ``LightningOptimizer``), per client in the client loop, the default), less
+  the client switches;
 - client switches inside a round fit: one client's end (its ``on_train_end`` hooks, state copy, reply) and the
   next one's start (weights, ``on_client_start``, loader, a fresh optimiser, ``on_train_start``), with Lightning's
   epoch boundary around them;
-- Lightning's fit teardown: last batch ends → ``trainer.fit`` returns;
+- Lightning's fit teardown: the last ``on_before_optimizer_step`` → ``trainer.fit`` returns (the last update too);
 - the client runtime's own work around the fit (load the weights, copy the state out, checks, the reply);
 - the server's own work in the rounds (tasks and replies, aggregation, round records, the round checkpoint) and
   before and after them (run directory, initial checkpoint, final report);
@@ -24,6 +26,7 @@ running mean). Prints milliseconds per client fit (one client's local training i
 and the host syncs per client fit by owner.
 
     python benchmarks/fit_breakdown.py [--device cuda] [--rounds 20] [--image-size 16] [--per-client-fits]
+        [--lightning-loop]
 """
 
 # ruff: noqa: E402 (the imports of the repository follow the sys.path set-up)
@@ -79,16 +82,19 @@ class Clock:
 
 
 class StepMarks(L.Callback):
-    """Marks the first batch's start and the last batch's end of every Lightning fit."""
+    """Marks the first ``on_train_start`` and the last optimiser step of every Lightning fit.
+
+    Optimiser-step hooks, not batch hooks: a callback with batch hooks would keep Lightning's loop per step.
+    """
 
     def __init__(self, clock: Clock) -> None:
         self.clock, self.first, self.last, self.steps = clock, 0.0, 0.0, 0
 
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+    def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
         if self.steps == 0:
             self.first = self.clock.now()
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+    def on_before_optimizer_step(self, trainer: L.Trainer, *args: Any) -> None:
         self.steps += 1
         self.last = self.clock.now()
 
@@ -117,14 +123,11 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
     fits: list[dict[str, float]] = []
     client_fits = [0]
 
-    def switch_wrapper(next_loader: Callable[..., Any]) -> Callable[..., Any]:
+    def switch_wrapper(switch: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(self: Any) -> Any:
-            current = self.current
             with clock.span("switch"):
-                loader = next_loader(self)
-            if self.current is not current:
-                client_fits[0] += 1
-            return loader
+                switch(self)
+            client_fits[0] += 1
 
         return wrapped
 
@@ -170,7 +173,7 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
     with (
         mock.patch.object(LocalFitter, "fit", per_client_wrapper(timed_fit(fits, clock, marks, LocalFitter.fit))),
         mock.patch.object(LocalFitter, "fit_round", timed_fit(fits, clock, marks, LocalFitter.fit_round)),
-        mock.patch.object(RoundFit, "_next_loader", switch_wrapper(RoundFit._next_loader)),
+        mock.patch.object(RoundFit, "_switch", switch_wrapper(RoundFit._switch)),
         mock.patch.object(RoundFit, "run", run_wrapper(RoundFit.run)),
         mock.patch.object(
             runtime_module.ClientRuntime, "handle_many", handle_wrapper(runtime_module.ClientRuntime.handle_many)

@@ -4,8 +4,11 @@ The same steps run once as a plain PyTorch loop and once through the Federation'
 the CLI's defaults and no logger, driven by :class:`fl_lightning.runtime.local_fit.LocalFitter`), alternating, in one
 process: one long fit (the per-step cost), many short fits of a few steps on the one Trainer, as the Federation
 runs a client's with ``federation.round_fit=false`` (the fixed set-up and teardown per fit), and as many clients of
-a few steps each in one round fit, as it runs them by default (the fixed cost per client left: the client switch at
-Lightning's epoch boundary, a fresh optimiser, the ``on_train_start``/``on_train_end`` hooks). Two workloads:
+a few steps each in one round fit with Lightning's loop per step (``federation.client_loop=false``: the fixed cost per
+client left is the client switch at Lightning's epoch boundary, a fresh optimiser, the ``on_train_start``/
+``on_train_end`` hooks), and the same clients in one round fit whose clients each run their steps inside one Lightning
+step (the client loop, the default: manual optimisation, Lightning's per-batch dispatch once per client). Two
+workloads:
 
 - ``tiny``: a ``Linear(4, 2)`` on batches of 32 in memory, whose compute is negligible: what is left is Lightning's
   dispatch (hooks, the optimisation closure, ``LightningOptimizer``, loop bookkeeping), a floor under the per-step
@@ -28,7 +31,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # runs from a checkout, installed or not
@@ -39,6 +42,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.cli import TRAINER_DEFAULTS
+from fl_lightning.clients.base import ClientModule
 from fl_lightning.runtime.local_fit import LocalFitter
 from fl_lightning.runtime.round_fit import ClientFit, RoundFit
 from fl_lightning.wire import protocol
@@ -55,15 +59,18 @@ class Workload(NamedTuple):
     lr: float
 
 
-class Tiny(L.LightningModule):
+class Tiny(ClientModule):
     """``Linear(4, 2)`` with cross-entropy: the smallest step Lightning can run."""
 
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Linear(4, 2)
 
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_loss(self, batch: list[torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def evaluate(self, batches: Any, device: torch.device) -> dict[str, float]:
+        return {}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -121,7 +128,9 @@ def lightning_fits(module: L.LightningModule, data: DataLoader, fits: int) -> tu
     return time.perf_counter() - start, steps
 
 
-def lightning_round_fit(module: L.LightningModule, data: DataLoader, clients: int) -> tuple[float, int]:
+def lightning_round_fit(
+    module: L.LightningModule, data: DataLoader, clients: int, client_loop: bool
+) -> tuple[float, int]:
     """``clients`` one-pass clients of ``module`` in ONE round fit on one Trainer, as the runtime runs a round's."""
     fitter = LocalFitter(L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False}))
     steps = []
@@ -138,7 +147,7 @@ def lightning_round_fit(module: L.LightningModule, data: DataLoader, clients: in
 
     tasks = [Task(protocol.FIT, 0, f"client{i}") for i in range(clients)]
     start = time.perf_counter()
-    RoundFit(fitter, module, tasks, begin, finish, fail, lambda fit: None, keep_optimizer_state=False).run()
+    RoundFit(fitter, module, tasks, begin, finish, fail, lambda fit: None, False, client_loop).run()
     return time.perf_counter() - start, sum(steps)
 
 
@@ -158,8 +167,9 @@ def main() -> None:
     long_data, short_data = loaders(args.steps), loaders(args.fit_steps)
     lightning_fits(module, short_data, 2)  # warm-up: first-call costs of both paths
     plain_fit(module.net, lr, short_data)
-    lightning_round_fit(module, short_data, 2)
-    per_step, per_fit, per_client, plain_steps = [], [], [], []
+    lightning_round_fit(module, short_data, 2, False)
+    lightning_round_fit(module, short_data, 2, True)
+    per_step, per_fit, per_client, per_loop_client, plain_steps = [], [], [], [], []
     for _ in range(args.repeats):
         plain_long = plain_fit(module.net, lr, long_data)
         seconds, _ = lightning_fits(module, long_data, 1)
@@ -168,10 +178,14 @@ def main() -> None:
         plain_short = sum(plain_fit(module.net, lr, short_data) for _ in range(args.fits))
         seconds, _ = lightning_fits(module, short_data, args.fits)
         per_fit.append((seconds - plain_short) / args.fits)
-        seconds, _ = lightning_round_fit(module, short_data, args.fits)
+        seconds, _ = lightning_round_fit(module, short_data, args.fits, False)
         per_client.append((seconds - plain_short) / args.fits)
+        seconds, steps = lightning_round_fit(module, short_data, args.fits, True)
+        assert steps == args.fits * args.fit_steps, steps
+        per_loop_client.append((seconds - plain_short) / args.fits)
     step_ms, fit_ms = 1e3 * statistics.median(per_step), 1e3 * statistics.median(per_fit)
     client_ms = 1e3 * statistics.median(per_client)
+    loop_ms = 1e3 * statistics.median(per_loop_client)
     plain_ms = 1e3 * statistics.median(plain_steps)
     print(
         f"{args.workload}: Lightning {L.__version__}, torch {torch.__version__}, {args.threads} thread(s), "
@@ -188,10 +202,14 @@ def main() -> None:
     )
     print(f"  of which fixed per fit (set-up, teardown): {fit_ms - args.fit_steps * step_ms:6.3f} ms")
     print(
-        f"per client of {args.fit_steps} steps in one round fit:  {client_ms:6.3f} ms {spread(per_client)} beyond "
-        "the plain loop"
+        f"per client of {args.fit_steps} steps in one round fit, Lightning's loop per step: {client_ms:6.3f} ms "
+        f"{spread(per_client)} beyond the plain loop"
     )
     print(f"  of which fixed per client (the switch):    {client_ms - args.fit_steps * step_ms:6.3f} ms")
+    print(
+        f"per client of {args.fit_steps} steps in one round fit, client loop:           {loop_ms:6.3f} ms "
+        f"{spread(per_loop_client)} beyond the plain loop ({loop_ms / args.fit_steps:.3f} ms per step)"
+    )
 
 
 def spread(seconds: list[float]) -> str:

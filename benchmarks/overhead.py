@@ -59,8 +59,9 @@ def run_federation(args: argparse.Namespace) -> tuple[float, float, dict[str, to
     trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": args.device, "logger": False})
     with tempfile.TemporaryDirectory() as out:
         cfg = FederationConfig(
-            rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False, round_fit=args.round_fit
-        )
+            rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False,
+            round_fit=args.round_fit, client_loop=args.client_loop,
+        )  # fmt: skip
         fed = local_federation(cfg, model, data, trainer, seed=0)
         start = time.perf_counter()
         summary = fed.run()
@@ -136,6 +137,12 @@ def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.Argum
         dest="round_fit",
         action="store_false",
         help="the Federation runs one trainer.fit per client (federation.round_fit=false), not one per round",
+    )
+    parser.add_argument(
+        "--lightning-loop",
+        dest="client_loop",
+        action="store_false",
+        help="round fits run Lightning's loop for every local step (federation.client_loop=false), not the client loop",
     )
     return parser
 

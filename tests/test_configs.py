@@ -10,7 +10,7 @@ import yaml
 
 from fl_lightning.cli import build_cli, main
 from fl_lightning.runtime.local_fit import LocalFitter
-from fl_lightning.runtime.round_fit import round_fit_blocker
+from fl_lightning.runtime.round_fit import client_loop_blocker, round_fit_blocker
 from fl_lightning.server.federation import Federation
 from tests.anchors.runs import describe
 
@@ -108,11 +108,23 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
 PER_CLIENT_FITS = {"dpsgd_digits": "callback DPSGD overrides on_fit_start, which Lightning calls once per fit"}
 
 
+# The configs whose round fits keep Lightning's loop for every local step, and why (the log says so too).
+PER_BATCH = "which a client loop calls once per client, not per local batch"
+LIGHTNING_LOOP = {
+    "dpsgd_digits": f"callback DPSGD overrides on_train_batch_end, {PER_BATCH}",
+    **dict.fromkeys(
+        [f"harmofl_{d}" for d in ("camelyon17", "digits", "digits_seg", "prostate")],
+        f"callback WeightPerturbation overrides on_train_batch_start, {PER_BATCH}",
+    ),
+}
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_config_trains_in_round_fits_or_says_why_not(config, tmp_path):
+def test_config_trains_in_round_fits_and_the_client_loop_or_says_why_not(config, tmp_path):
     cli = build_cli(tiny_args(config, tmp_path, "r"))
     LocalFitter(cli.trainer)
     assert round_fit_blocker(cli.trainer, cli.model) == PER_CLIENT_FITS.get(config.stem)
+    assert client_loop_blocker(cli.trainer, cli.model) == LIGHTNING_LOOP.get(config.stem)
 
 
 class Crash(Exception):

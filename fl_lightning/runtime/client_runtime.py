@@ -27,7 +27,7 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state, select_keys
 from fl_lightning.ops.state import StateDict, all_finite, state_bytes
 from fl_lightning.runtime.local_fit import LocalFitter
-from fl_lightning.runtime.round_fit import ClientFit, RoundFit, local_passes, round_fit_blocker
+from fl_lightning.runtime.round_fit import ClientFit, RoundFit, client_loop_blocker, local_passes, round_fit_blocker
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
 
@@ -80,6 +80,7 @@ class ClientRuntime:
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
         self.generations: dict[str, int] = {}
         self._round_fit_blocker: str | None = None  # "" once checked and nothing blocks round fits
+        self._client_loop_blocker: str | None = None  # the same for the client loop inside round fits
 
     @property
     def device(self) -> torch.device:
@@ -199,10 +200,11 @@ class ClientRuntime:
             for chunk in _chunks(fits, max(1, ROUND_FIT_BYTES // max(1, state_bytes(self.module)))):
                 for task in chunk:
                     self._count_generation(task)
+                client_loop = self._client_loop_allowed()
                 while chunk:
                     replies = RoundFit(
                         self.fitter, self.module, chunk, self._begin_fit, self._finish_fit, self._failed_fit,
-                        self._unbind, self.keep_optimizer_state,
+                        self._unbind, self.keep_optimizer_state, client_loop,
                     ).run()  # fmt: skip
                     chunk = chunk[len(replies) :]  # a client whose training raised ended that fit: the rest go on
                     yield from replies
@@ -216,6 +218,16 @@ class ClientRuntime:
             if blocker:
                 self.note(f"one Lightning fit per client: {blocker}")
         return not self._round_fit_blocker
+
+    def _client_loop_allowed(self) -> bool:
+        if self._client_loop_blocker is None:
+            blocker = client_loop_blocker(self.trainer, self.module)
+            if not self.config.client_loop:
+                blocker = "federation.client_loop is false"
+            self._client_loop_blocker = blocker or ""
+            if blocker:
+                self.note(f"round fits run Lightning's loop for every local step: {blocker}")
+        return not self._client_loop_blocker
 
     def _fit(self, task: Task) -> Reply:
         fit = self._begin_fit(task)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, RandomSampler
@@ -29,7 +31,7 @@ class _DropFitStoppedMessage(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropFitStoppedMessage())
 
 
-class _FitProbe(L.Callback):
+class FitProbe(L.Callback):
     """Counts training batches and carries optimiser state across fits when asked to."""
 
     def __init__(self) -> None:
@@ -110,8 +112,8 @@ class LocalFitter:
         self._warned_random_sampler = False
         # Runtimes sharing a Trainer (the nodes one Simulation Engine actor serves) share its probe: each fit sets
         # what the probe restores and reads what it captured, and fits run one at a time.
-        probes = [cb for cb in trainer.callbacks if isinstance(cb, _FitProbe)]
-        self.probe = probes[0] if probes else _FitProbe()
+        probes = [cb for cb in trainer.callbacks if isinstance(cb, FitProbe)]
+        self.probe = probes[0] if probes else FitProbe()
         if not probes:
             trainer.callbacks.append(self.probe)
 
@@ -175,6 +177,49 @@ class LocalFitter:
             trainer.fit(module, datamodule=source)
         finally:
             trainer.reload_dataloaders_every_n_epochs = reload
+
+    def fit_turns(
+        self,
+        module: L.LightningModule,
+        turns: int,
+        first: tuple[DataLoader, str, dict[str, Any] | None],
+        keep: bool,
+        step: Callable[[int, int], None],
+        starts: L.Callback,
+    ) -> None:
+        """One ``trainer.fit`` of one epoch of ``turns`` batches, each a client's whole local training (a client loop).
+
+        For this fit the module's ``training_step`` is ``step`` (called with the turn's index and Lightning's batch
+        index) and its automatic optimisation is off, so ``step`` optimises through ``manual_backward`` and the
+        ``LightningOptimizer``; both are restored after the fit, also when it raises.
+
+        Args:
+            module: The client module, holding the first client's starting weights.
+            turns: The clients of the fit.
+            first: The first client's loader, id and optimiser state (restored before its first step).
+            keep: Capture each client's optimiser state at its end.
+            step: Trains turn ``i``'s client.
+            starts: A callback whose ``on_train_batch_start`` switches to each turn's client.
+        """
+        trainer = self.trainer
+        loader, client_id, optimizer_state = first
+        self._prepare(loader, client_id, 1, optimizer_state, keep)
+        automatic = module.automatic_optimization
+        # An instance attribute shadows the class's training_step for this fit only: Lightning calls the module's
+        # training_step by name, and the module's own one stays what ``step`` calls for each local batch.
+        module.training_step = step
+        module.automatic_optimization = False
+        trainer.callbacks.append(starts)
+        try:
+            # Its own generator: each iterator of a loader without one draws a seed from torch's global generator,
+            # and Lightning makes one iterator in a Trainer's first fit and two in every later fit, so a resumed run
+            # (a fresh Trainer) would be a draw behind where training draws from it too (dropout, augmentation).
+            turns_loader = DataLoader(range(turns), batch_size=None, generator=torch.Generator())
+            trainer.fit(module, train_dataloaders=turns_loader)
+        finally:
+            trainer.callbacks.remove(starts)
+            del module.training_step
+            module.automatic_optimization = automatic
 
     def restart_optimizer(
         self, loader: DataLoader, client_id: str, optimizer_state: dict[str, Any] | None, keep: bool

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,16 +17,25 @@ import lightning_step  # noqa: E402
 WORKLOADS = pytest.mark.parametrize("make", list(lightning_step.WORKLOADS.values()), ids=list(lightning_step.WORKLOADS))
 
 
+PATHS = {
+    "fits of their own": lightning_step.lightning_fits,
+    "round fit, Lightning's loop": partial(lightning_step.lightning_round_fit, client_loop=False),
+    "round fit, client loop": partial(lightning_step.lightning_round_fit, client_loop=True),
+}
+
+
 @WORKLOADS
-@pytest.mark.parametrize("fits", ["lightning_fits", "lightning_round_fit"])
+@pytest.mark.parametrize("path", list(PATHS))
 def test_every_fit_or_client_on_the_one_trainer_runs_its_steps(
-    make: Callable[[], lightning_step.Workload], fits: str
+    make: Callable[[], lightning_step.Workload], path: str
 ) -> None:
-    """Four clients of three steps: in four fits of their own, or in one round fit."""
+    """Four clients of three steps: in four fits of their own, or in one round fit of either loop."""
     workload = make()
-    seconds, steps = getattr(lightning_step, fits)(workload.module, workload.loader(3), 4)
+    before = [p.detach().clone() for p in workload.module.parameters()]
+    seconds, steps = PATHS[path](workload.module, workload.loader(3), 4)
     assert steps == 4 * 3
     assert seconds > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, workload.module.parameters(), strict=True))
 
 
 @WORKLOADS

@@ -206,7 +206,7 @@ def test_the_sites_of_one_process_share_one_build_and_answer_as_if_built_alone(t
     assert shared[0].runtime.module is shared[1].runtime.module and shared[0].runtime is not shared[1].runtime
     assert shared[0].clients == ["site0", "site2"] and shared[1].clients == ["site1", "site3"]
     trainer = shared[0].runtime.trainer
-    assert sum(type(cb).__name__ == "_FitProbe" for cb in trainer.callbacks) == 1  # one probe for the shared fits
+    assert sum(type(cb).__name__ == "FitProbe" for cb in trainer.callbacks) == 1  # one probe for the shared fits
     alone = [Site(args, _node(i, 2, tmp_path / "alone")) for i in range(2)]
     initial = {k: v.clone() for k, v in alone[0].runtime.module.state_dict().items()}
     for site in (*shared, *alone):
