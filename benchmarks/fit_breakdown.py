@@ -100,7 +100,7 @@ class StepMarks(L.Callback):
 
 
 def timed_fit(fits: list[dict[str, float]], clock: Clock, marks: StepMarks, fit: Callable[..., Any]) -> Callable:
-    """``LocalFitter.fit`` or ``fit_round`` with the marks around it; each Lightning fit's split goes to ``fits``."""
+    """``LocalFitter.fit``, ``fit_round`` or ``fit_turns`` with marks around it; each fit's split goes to ``fits``."""
 
     def wrapped(self: LocalFitter, *a: Any, **kw: Any) -> Any:
         if marks not in self.trainer.callbacks:
@@ -173,6 +173,7 @@ def timed_federation(args: argparse.Namespace) -> dict[str, Any]:
     with (
         mock.patch.object(LocalFitter, "fit", per_client_wrapper(timed_fit(fits, clock, marks, LocalFitter.fit))),
         mock.patch.object(LocalFitter, "fit_round", timed_fit(fits, clock, marks, LocalFitter.fit_round)),
+        mock.patch.object(LocalFitter, "fit_turns", timed_fit(fits, clock, marks, LocalFitter.fit_turns)),
         mock.patch.object(RoundFit, "_switch", switch_wrapper(RoundFit._switch)),
         mock.patch.object(RoundFit, "run", run_wrapper(RoundFit.run)),
         mock.patch.object(

@@ -48,12 +48,14 @@ def build_federation(
     data: DigitsFederated | None = None,
     model: ClassificationClient | None = None,
     model_kwargs: dict[str, Any] | None = None,
+    trainer_kwargs: dict[str, Any] | None = None,
     **config: Any,
 ) -> Federation:
-    """A Federation over tiny digits on the CPU with the CLI's Trainer defaults."""
+    """A Federation over tiny digits on the CPU with the CLI's Trainer defaults (and ``trainer_kwargs``)."""
     data = data or tiny_data()
     model = model or tiny_model(data, **(model_kwargs or {}))
     trainer_args = {**TRAINER_DEFAULTS, "accelerator": "cpu", "logger": False, "callbacks": list(callbacks)}
+    trainer_args.update(trainer_kwargs or {})
     cfg = FederationConfig(**{"rounds": 2, "output_dir": str(tmp_path), "quiet": True, "plots": False, **config})
     return local_federation(cfg, model, data, L.Trainer(**trainer_args), seed=0)
 

@@ -288,12 +288,16 @@ class RoundFit:
             )
         _refuse_epoch_samplers(current.loader, current.task.client_id)
         training_step = type(module).training_step
+        # This whole step runs in the precision plugin's training context (autocast under mixed precision), where
+        # automatic optimisation runs only the forward pass: backward and the update leave it, as they do there.
+        outside = torch.autocast(module.device.type, enabled=False)
         for _ in range(current.epochs):
             for batch_idx, batch in enumerate(current.loader):
                 loss = training_step(module, strategy.batch_to_device(batch), batch_idx)
-                optimizer.zero_grad()
-                module.manual_backward(loss)
-                optimizer.step()
+                with outside:
+                    optimizer.zero_grad()
+                    module.manual_backward(loss)
+                    optimizer.step()
                 self.loop_steps += 1
 
     def _switch(self) -> None:

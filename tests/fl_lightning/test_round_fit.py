@@ -291,6 +291,22 @@ def test_what_blocks_a_round_fit_is_named():
     assert blocker(module) == "the module EndsFits overrides on_fit_end, which Lightning calls once per fit"
 
 
+class MatmulOnGradients(FederatedCallback):
+    """Edits a gradient with a matrix product, which autocast would compute in bfloat16."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        g = pl_module.net.classifier.weight.grad
+        g.add_(g @ g.T @ g, alpha=1e-3)
+
+
+def test_mixed_precision_trains_alike_on_every_path(tmp_path):
+    """Under autocast the client loop runs only the forward pass in it, as automatic optimisation does."""
+    make = lambda: [FedProx(mu=0.1), MatmulOnGradients()]  # noqa: E731
+    runs = run_paths(tmp_path, make, rounds=2, trainer_kwargs={"precision": "bf16-mixed"})
+    assert_paths_agree(runs)
+    assert_client_loop_ran(runs["client loop"])
+
+
 class PerStepHooks(FederatedCallback):
     """Counts, per client, the hooks a client loop keeps: per client and per local step (no batch or epoch hook)."""
 
