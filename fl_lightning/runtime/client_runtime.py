@@ -79,8 +79,7 @@ class ClientRuntime:
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
         self.generations: dict[str, int] = {}
-        self._round_fit_blocker: str | None = None  # "" once checked and nothing blocks round fits
-        self._client_loop_blocker: str | None = None  # the same for the client loop inside round fits
+        self._blockers: dict[str, str] = {}  # federation setting -> why its path cannot train here ("": it can)
 
     @property
     def device(self) -> torch.device:
@@ -194,13 +193,15 @@ class ClientRuntime:
                 i += 1
                 continue
             fits, i = tasks[i:j], j
-            if len(fits) == 1 or not self._round_fit_allowed():
+            if len(fits) == 1 or not self._allowed("round_fit", round_fit_blocker, "one Lightning fit per client"):
                 yield from (self.handle(task) for task in fits)
                 continue
             for chunk in _chunks(fits, max(1, ROUND_FIT_BYTES // max(1, state_bytes(self.module)))):
                 for task in chunk:
                     self._count_generation(task)
-                client_loop = self._client_loop_allowed()
+                client_loop = self._allowed(
+                    "client_loop", client_loop_blocker, "round fits run Lightning's loop for every local step"
+                )
                 while chunk:
                     replies = RoundFit(
                         self.fitter, self.module, chunk, self._begin_fit, self._finish_fit, self._failed_fit,
@@ -209,25 +210,18 @@ class ClientRuntime:
                     chunk = chunk[len(replies) :]  # a client whose training raised ended that fit: the rest go on
                     yield from replies
 
-    def _round_fit_allowed(self) -> bool:
-        if self._round_fit_blocker is None:
-            blocker = round_fit_blocker(self.trainer, self.module)
-            if not self.config.round_fit:
-                blocker = "federation.round_fit is false"
-            self._round_fit_blocker = blocker or ""
+    def _allowed(
+        self, setting: str, find_blocker: Callable[[L.Trainer, L.LightningModule], str | None], fallback: str
+    ) -> bool:
+        """Whether the path of ``federation.<setting>`` can train here; checked once, and the log says why not."""
+        if setting not in self._blockers:
+            blocker = find_blocker(self.trainer, self.module)
+            if not getattr(self.config, setting):
+                blocker = f"federation.{setting} is false"
+            self._blockers[setting] = blocker or ""
             if blocker:
-                self.note(f"one Lightning fit per client: {blocker}")
-        return not self._round_fit_blocker
-
-    def _client_loop_allowed(self) -> bool:
-        if self._client_loop_blocker is None:
-            blocker = client_loop_blocker(self.trainer, self.module)
-            if not self.config.client_loop:
-                blocker = "federation.client_loop is false"
-            self._client_loop_blocker = blocker or ""
-            if blocker:
-                self.note(f"round fits run Lightning's loop for every local step: {blocker}")
-        return not self._client_loop_blocker
+                self.note(f"{fallback}: {blocker}")
+        return not self._blockers[setting]
 
     def _fit(self, task: Task) -> Reply:
         fit = self._begin_fit(task)

@@ -135,8 +135,8 @@ def test_budgets_kept_optimiser_state_and_sampling_match_the_per_client_path(tmp
                     assert torch.equal(buffers["momentum_buffer"], others[key]["state"][p]["momentum_buffer"])
 
 
-class PerClientHooks(FederatedCallback):
-    """Counts, per client, the Lightning hooks a round fit must run per client (and none that run once per fit)."""
+class ClientHooks(FederatedCallback):
+    """Counts, per client, its ``on_train_start``/``on_train_end`` and keeps the optimisers it trained with."""
 
     def __init__(self):
         self.client = None
@@ -152,6 +152,10 @@ class PerClientHooks(FederatedCallback):
 
     def on_train_end(self, trainer, pl_module):
         self.counts[self.client]["train_end"] += 1
+
+
+class PerClientHooks(ClientHooks):
+    """Also the epoch and step hooks a round fit must run per client (and none that run once per fit)."""
 
     def on_train_epoch_start(self, trainer, pl_module):
         self.counts[self.client]["epoch"] += 1
@@ -307,24 +311,12 @@ def test_mixed_precision_trains_alike_on_every_path(tmp_path):
     assert_client_loop_ran(runs["client loop"])
 
 
-class PerStepHooks(FederatedCallback):
-    """Counts, per client, the hooks a client loop keeps: per client and per local step (no batch or epoch hook)."""
+class PerStepHooks(ClientHooks):
+    """Also the hooks a client loop keeps per local step (no batch or epoch hook, which would keep Lightning's)."""
 
     def __init__(self):
-        self.client = None
-        self.counts = defaultdict(Counter)
+        super().__init__()
         self.order = []
-        self.optimizers = defaultdict(set)
-
-    def on_client_start(self, ctx, module):
-        self.client = ctx.client_id
-
-    def on_train_start(self, trainer, pl_module):
-        self.counts[self.client]["train_start"] += 1
-        self.optimizers[self.client].add(id(trainer.optimizers[0]))
-
-    def on_train_end(self, trainer, pl_module):
-        self.counts[self.client]["train_end"] += 1
 
     def on_before_backward(self, trainer, pl_module, loss):
         self.counts[self.client]["before_backward"] += 1
