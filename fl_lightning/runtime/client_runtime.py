@@ -196,12 +196,12 @@ class ClientRuntime:
             if len(fits) == 1 or not self._allowed("round_fit", round_fit_blocker, "one Lightning fit per client"):
                 yield from (self.handle(task) for task in fits)
                 continue
+            client_loop = self._allowed(
+                "client_loop", client_loop_blocker, "round fits run Lightning's loop for every local step"
+            )
             for chunk in _chunks(fits, max(1, ROUND_FIT_BYTES // max(1, state_bytes(self.module)))):
                 for task in chunk:
                     self._count_generation(task)
-                client_loop = self._allowed(
-                    "client_loop", client_loop_blocker, "round fits run Lightning's loop for every local step"
-                )
                 while chunk:
                     replies = RoundFit(
                         self.fitter, self.module, chunk, self._begin_fit, self._finish_fit, self._failed_fit,
@@ -215,8 +215,9 @@ class ClientRuntime:
     ) -> bool:
         """Whether the path of ``federation.<setting>`` can train here; checked once, and the log says why not."""
         if setting not in self._blockers:
-            blocker = find_blocker(self.trainer, self.module)
-            if not getattr(self.config, setting):
+            if getattr(self.config, setting):
+                blocker = find_blocker(self.trainer, self.module)
+            else:
                 blocker = f"federation.{setting} is false"
             self._blockers[setting] = blocker or ""
             if blocker:

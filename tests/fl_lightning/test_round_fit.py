@@ -178,8 +178,8 @@ def test_every_client_gets_its_own_train_start_end_epochs_steps_and_a_fresh_opti
     assert len(every) == len(set(every))  # no client trained with another client's optimiser object
 
 
-class FailOn(FederatedCallback):
-    """Makes one client fail inside its training: by raising in a step, or by NaN weights."""
+class InjectedFailure(FederatedCallback):
+    """Makes one client fail inside its training (where, a subclass says): by raising, or by NaN weights."""
 
     def __init__(self, client_id, how):
         self.client_id, self.how, self.client = client_id, how, None
@@ -187,14 +187,24 @@ class FailOn(FederatedCallback):
     def on_client_start(self, ctx, module):
         self.client = ctx.client_id
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.how == "raise" and self.client == self.client_id:
+    def fail(self, pl_module, how):
+        """Inject the failure ``how`` if this is the client's training and its kind."""
+        if self.how != how or self.client != self.client_id:
+            return
+        if how == "raise":
             raise RuntimeError(f"injected failure of {self.client}")
+        with torch.no_grad():
+            pl_module.net.classifier.bias.fill_(float("nan"))
+
+
+class FailOn(InjectedFailure):
+    """Fails in the batch hooks: raising at a batch's start, NaN weights at its end."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.fail(pl_module, "raise")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.how == "nan" and self.client == self.client_id:
-            with torch.no_grad():
-                pl_module.net.classifier.bias.fill_(float("nan"))
+        self.fail(pl_module, "nan")
 
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
@@ -211,22 +221,11 @@ def test_a_failing_client_is_dropped_and_the_clients_after_it_still_train(tmp_pa
     ]
 
 
-class FailInStep(FederatedCallback):
-    """Makes one client fail inside the client loop (a per-step hook it keeps): by raising, or by NaN weights."""
-
-    def __init__(self, client_id, how):
-        self.client_id, self.how, self.client = client_id, how, None
-
-    def on_client_start(self, ctx, module):
-        self.client = ctx.client_id
+class FailInStep(InjectedFailure):
+    """Fails in a per-step hook the client loop keeps."""
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if self.client != self.client_id:
-            return
-        if self.how == "raise":
-            raise RuntimeError(f"injected failure of {self.client}")
-        with torch.no_grad():
-            pl_module.net.classifier.bias.fill_(float("nan"))
+        self.fail(pl_module, self.how)
 
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
