@@ -3,8 +3,9 @@
 Rank 0 is the server (the :class:`~fl_lightning.server.federation.Federation`, the run directory, the loggers) and
 also hosts a shard of the clients; every other rank runs :func:`serve`, a loop that answers the server's
 messages with its own :class:`~fl_lightning.runtime.ClientRuntime`. Messages are our encoded tasks and
-replies (:mod:`fl_lightning.wire.protocol`), sent as uint8 tensors over the gloo backend (CPU tensors; NCCL cannot
-send those, so a CUDA run keeps gloo for the messages). Per batch of tasks the server sends every rank its
+replies (:mod:`fl_lightning.wire.protocol`), their tensors sent as they are over the gloo backend
+(:mod:`~fl_lightning.engines.rank_wire`; CPU tensors: NCCL cannot send those, so a CUDA run keeps gloo for the
+messages), each distinct model state of a batch of tasks once. Per batch of tasks the server sends every rank its
 share first, handles its own, then collects the replies and hands them on in task order, so results do not
 depend on the number of ranks.
 """
@@ -25,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from typing_extensions import override
 
+from fl_lightning.engines import rank_wire
 from fl_lightning.errors import RankError
 from fl_lightning.runtime import ClientRuntime
 from fl_lightning.startup.early_ranks import free_port
@@ -83,47 +85,6 @@ def merge_runtime_states(states: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the wire
-def _send(obj: Any, dst: int) -> dist.Work:
-    """Send an encoded object to ``dst`` (non-blocking; keep the returned work until it is done)."""
-    data = torch.frombuffer(bytearray(protocol.encode(obj)), dtype=torch.uint8)
-    dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst)
-    return dist.isend(data, dst)
-
-
-def _recv(src: int) -> tuple[Any, int]:
-    """Receive one encoded object from ``src``; ``(object, bytes)``.
-
-    Raises:
-        protocol.MessageError: If ``src`` announces an impossible size (refused before the receive buffer is
-            allocated) or sends a malformed message; the error names the rank.
-
-    """
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src)
-    n = _message_size(int(size), src)
-    data = torch.empty(n, dtype=torch.uint8)
-    dist.recv(data, src)
-    try:  # decoded from the receive buffer itself: its tensors are copies, so no copy of the whole message first
-        return protocol.decode(memoryview(data.numpy())), n
-    except protocol.MessageError as err:
-        raise protocol.MessageError(f"rank {src} sent a malformed message: {err}") from None
-
-
-def _message_size(size: int, src: int) -> int:
-    """The size a rank announced for its next message, checked before a buffer that large is allocated.
-
-    Raises:
-        protocol.MessageError: If no message has that size (shorter than an empty message, or past
-            :data:`protocol.MAX_BYTES`).
-
-    """
-    if not protocol.PREFIX <= size <= protocol.MAX_BYTES:
-        raise protocol.MessageError(
-            f"rank {src} announced a message of {size} bytes (a message has {protocol.PREFIX} .. {protocol.MAX_BYTES})"
-        )
-    return size
-
-
 def _answer_field(answer: Any, rank: int, key: str, types: type | tuple[type, ...]) -> Any:
     """``answer[key]`` of a rank's answer, checked to be one of ``types``.
 
@@ -139,7 +100,7 @@ def _answer_field(answer: Any, rank: int, key: str, types: type | tuple[type, ..
 
 
 def _request_op(message: Any) -> str:
-    """The operation of a message from rank 0 (a dict with a known ``op``; tasks are tasks).
+    """The operation of a message from rank 0 (a dict with a known ``op``).
 
     Raises:
         protocol.MessageError: If the message is not one rank 0 sends.
@@ -148,10 +109,6 @@ def _request_op(message: Any) -> str:
     op = message.get("op") if isinstance(message, dict) else None
     if op not in _OPS:
         raise protocol.MessageError(f"rank 0 sent no known operation ({', '.join(_OPS)}): {_brief(message)}")
-    if op == "tasks" and not (
-        isinstance(message.get("tasks"), list) and all(isinstance(t, Task) for t in message["tasks"])
-    ):
-        raise protocol.MessageError("rank 0's 'tasks' message holds something other than a list of tasks")
     return op
 
 
@@ -212,17 +169,17 @@ class DistributedTransport(Transport):
         self._samples = [0] * world_size
 
     # ------------------------------------------------------------------ messages
-    def _post(self, rank: int, message: Any) -> dist.Work:
+    def _post(self, rank: int, message: Any) -> rank_wire.Sending:
         # Not counted here: comm/bytes_* are the tasks' and replies' own sizes (see stream), not this envelope's.
         try:
-            work = _send(message, rank)
+            work = rank_wire.send(message, rank)
         except RuntimeError as err:
             raise RankError(f"rank {rank} is unreachable (it died?): {err}") from err
         return work
 
     def _collect(self, rank: int) -> dict[str, Any]:
         try:
-            answer, _ = _recv(rank)
+            answer, _ = rank_wire.recv(rank)
         except RuntimeError as err:
             raise RankError(f"rank {rank} did not answer (it died, or hung past the timeout): {err}") from err
         if not isinstance(answer, dict):
@@ -258,7 +215,7 @@ class DistributedTransport(Transport):
         # ranks' timings and the control messages are this engine's own, not traffic of the run).
         self.bytes_down += sum(protocol.encoded_size(task) for task in tasks)
         # Remote ranks first (they work while rank 0 handles its own), then rank 0's, then collect.
-        pending = [self._post(rank, {"op": "tasks", "tasks": [tasks[i] for i in idx]}) for rank, idx in remote.items()]
+        pending = [self._post(rank, rank_wire.pack_tasks([tasks[i] for i in idx])) for rank, idx in remote.items()]
         # A rank done before rank 0 sends its replies meanwhile: received (and decoded) while rank 0 still works.
         answers = _Answers(self._collect, list(remote))
         t0 = time.perf_counter()
@@ -336,18 +293,19 @@ def serve(runtime: ClientRuntime) -> None:
     """
     while True:
         try:
-            message, _ = _recv(0)
+            message, _ = rank_wire.recv(0)
             op = _request_op(message)
+            tasks = rank_wire.unpack_tasks(message) if op == "tasks" else []
         except protocol.MessageError:  # reported to rank 0; what follows on the wire can no longer be trusted
-            _send({"error": traceback.format_exc()}, 0).wait()
+            rank_wire.send({"error": traceback.format_exc()}, 0).wait()
             return
         try:
             if op == "stop":
-                _send({"ok": True}, 0).wait()
+                rank_wire.send({"ok": True}, 0).wait()
                 return
             if op == "tasks":
                 t0 = time.perf_counter()
-                replies = list(runtime.handle_many(message["tasks"]))
+                replies = list(runtime.handle_many(tasks))
                 answer = {"replies": replies, "seconds": time.perf_counter() - t0}
             elif op == "prepare":
                 runtime.prepare()
@@ -364,7 +322,7 @@ def serve(runtime: ClientRuntime) -> None:
                 raise ValueError(f"unknown message {op!r}")
         except Exception:  # noqa: BLE001 - reported to rank 0, which stops the run with it
             answer = {"error": traceback.format_exc()}
-        _send(answer, 0).wait()
+        rank_wire.send(answer, 0).wait()
         if "error" in answer:
             return
 

@@ -182,12 +182,20 @@ def _header(obj: Any) -> tuple[bytes, list[Tensor]]:
 
 def encode(obj: Any) -> bytes:
     """Plain data (or a :class:`Task`/:class:`Reply`) → bytes: magic, header length, JSON header, tensor bytes."""
-    header, buffers = _header(_plain(obj))
-    parts = [MAGIC, struct.pack("<Q", len(header)), header]
-    for t in buffers:
-        if t.numel():
-            parts.append(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # join copies it once
-    return b"".join(parts)
+    head, buffers = encode_parts(obj)
+    return b"".join([head, *(b.numpy() for b in buffers)])  # join copies each tensor once
+
+
+def encode_parts(obj: Any) -> tuple[bytes, list[Tensor]]:
+    """:func:`encode` in pieces, for a transport that sends tensors as they are: ``(head, buffers)``.
+
+    ``head`` is the magic, header length and JSON header; ``buffers`` are the tensors' bytes in order, as flat
+    uint8 CPU tensors (views of contiguous CPU tensors, so no copy; empty tensors are left out). ``head``
+    followed by every buffer's bytes is exactly ``encode(obj)``.
+    """
+    header, tensors = _header(_plain(obj))
+    buffers = [t.cpu().contiguous().reshape(-1).view(torch.uint8) for t in tensors if t.numel()]
+    return MAGIC + struct.pack("<Q", len(header)) + header, buffers
 
 
 def encoded_size(obj: Any) -> int:

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from fl_lightning.wire.protocol import MessageError, Reply, Task, decode, encode, encoded_size
+from fl_lightning.wire.protocol import MessageError, Reply, Task, decode, encode, encode_parts, encoded_size
 
 
 def test_round_trip_of_every_plain_type_and_dtype():
@@ -50,6 +50,16 @@ def test_tasks_and_replies_come_back_as_themselves_with_a_task_inside_a_payload(
     assert torch.equal(out.payloads["X"]["task"].state["w"], torch.ones(2))
     reply = decode(encode(Reply("c0", "g", error="boom", metrics={"train_loss": 0.5})))
     assert isinstance(reply, Reply) and reply.error == "boom" and reply.metrics == {"train_loss": 0.5}
+
+
+def test_the_parts_of_an_encoding_make_it_up_and_view_contiguous_tensors_without_a_copy():
+    w, strided = torch.arange(12.0).reshape(3, 4), torch.arange(12.0).reshape(3, 4).t()
+    value = {"w": w, "t": strided, "empty": torch.zeros(0), "mask": torch.tensor([True, False]), "n": 3}
+    head, buffers = encode_parts(value)
+    assert head + b"".join(b.numpy().tobytes() for b in buffers) == encode(value)
+    assert [b.dtype for b in buffers] == [torch.uint8] * 3 and [b.numel() for b in buffers] == [48, 48, 2]
+    assert buffers[0].data_ptr() == w.data_ptr()  # a view of the contiguous tensor
+    assert torch.equal(buffers[1].view(torch.float32), strided.contiguous().reshape(-1))
 
 
 def test_decoded_tensors_are_independent_copies():
