@@ -84,7 +84,7 @@ def merge_runtime_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-# ---------------------------------------------------------------------------------------------- the wire
+# ------------------------------------------------------------------------------ requests and answers
 def _answer_field(answer: Any, rank: int, key: str, types: type | tuple[type, ...]) -> Any:
     """``answer[key]`` of a rank's answer, checked to be one of ``types``.
 

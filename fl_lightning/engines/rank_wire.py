@@ -14,6 +14,7 @@ their group's state, which would otherwise travel once per client.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import torch
@@ -59,13 +60,13 @@ def _join_small(head: bytes, buffers: list[Tensor]) -> list[Tensor]:
         if buffer.numel() < JOIN_BELOW:
             small.append(buffer.numpy())
             continue
-        if small:
-            parts.append(torch.frombuffer(bytearray().join(small), dtype=torch.uint8))
-            small = []
-        parts.append(buffer)
-    if small:
-        parts.append(torch.frombuffer(bytearray().join(small), dtype=torch.uint8))
-    return parts
+        parts += [_joined(small), buffer] if small else [buffer]
+        small = []
+    return parts + [_joined(small)] if small else parts
+
+
+def _joined(pieces: list[Any]) -> Tensor:
+    return torch.frombuffer(bytearray().join(pieces), dtype=torch.uint8)
 
 
 def recv(src: int) -> tuple[Any, int]:
@@ -78,10 +79,10 @@ def recv(src: int) -> tuple[Any, int]:
     """
     announced = torch.zeros(2, dtype=torch.int64)
     dist.recv(announced, src)
-    total, count = check_announcement(int(announced[0]), int(announced[1]), src)
+    total, count = _check_announcement(int(announced[0]), int(announced[1]), src)
     sizes = torch.zeros(count, dtype=torch.int64)
     dist.recv(sizes, src)
-    bounds = part_bounds(sizes.tolist(), total, src)
+    bounds = _part_bounds(sizes.tolist(), total, src)
     data = torch.empty(total, dtype=torch.uint8)
     for start, end in bounds:
         dist.recv(data[start:end], src)
@@ -91,7 +92,7 @@ def recv(src: int) -> tuple[Any, int]:
         raise protocol.MessageError(f"rank {src} sent a malformed message: {err}") from None
 
 
-def check_announcement(total: int, count: int, src: int) -> tuple[int, int]:
+def _check_announcement(total: int, count: int, src: int) -> tuple[int, int]:
     """The length and number of parts a rank announced for its next message, checked before any allocation.
 
     Raises:
@@ -110,7 +111,7 @@ def check_announcement(total: int, count: int, src: int) -> tuple[int, int]:
     return total, count
 
 
-def part_bounds(sizes: list[int], total: int, src: int) -> list[tuple[int, int]]:
+def _part_bounds(sizes: list[int], total: int, src: int) -> list[tuple[int, int]]:
     """Where each announced part goes in the receive buffer: ``[(start, end), …]``.
 
     Raises:
@@ -121,11 +122,8 @@ def part_bounds(sizes: list[int], total: int, src: int) -> list[tuple[int, int]]
         raise protocol.MessageError(
             f"rank {src} announced parts that are empty or do not add up to its {total} bytes: {sizes[:10]}"
         )
-    bounds, start = [], 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    return list(zip(offsets, offsets[1:]))
 
 
 def pack_tasks(tasks: list[Task]) -> dict[str, Any]:
