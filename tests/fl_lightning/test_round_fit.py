@@ -142,6 +142,7 @@ class ClientHooks(FederatedCallback):
         self.client = None
         self.counts = defaultdict(Counter)
         self.optimizers = defaultdict(set)
+        self.alive = []  # every optimiser seen, kept so that no later one can be given a freed one's id
 
     def on_client_start(self, ctx, module):
         self.client = ctx.client_id
@@ -149,6 +150,7 @@ class ClientHooks(FederatedCallback):
     def on_train_start(self, trainer, pl_module):
         self.counts[self.client]["train_start"] += 1
         self.optimizers[self.client].add(id(trainer.optimizers[0]))
+        self.alive.append(trainer.optimizers[0])
 
     def on_train_end(self, trainer, pl_module):
         self.counts[self.client]["train_end"] += 1
