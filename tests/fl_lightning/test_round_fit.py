@@ -141,16 +141,16 @@ class ClientHooks(FederatedCallback):
     def __init__(self):
         self.client = None
         self.counts = defaultdict(Counter)
-        self.optimizers = defaultdict(set)
-        self.alive = []  # every optimiser seen, kept so that no later one can be given a freed one's id
+        # per client, id → optimiser: keeping the objects means no later optimiser can be given a freed one's id
+        self.optimizers = defaultdict(dict)
 
     def on_client_start(self, ctx, module):
         self.client = ctx.client_id
 
     def on_train_start(self, trainer, pl_module):
         self.counts[self.client]["train_start"] += 1
-        self.optimizers[self.client].add(id(trainer.optimizers[0]))
-        self.alive.append(trainer.optimizers[0])
+        optimizer = trainer.optimizers[0]
+        self.optimizers[self.client][id(optimizer)] = optimizer
 
     def on_train_end(self, trainer, pl_module):
         self.counts[self.client]["train_end"] += 1
