@@ -17,6 +17,8 @@ is not armed and the process exits as usual.
 from __future__ import annotations
 
 import atexit
+import gc
+import io
 import os
 import sys
 
@@ -55,9 +57,21 @@ def _end_process() -> None:
         return  # the run raised (or never finished): the interpreter's own teardown, as without this module
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()  # its own exit handler was registered before this one: it would not run
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):  # closed, replaced or detached streams: nothing to flush
-            pass
+    _flush_open_files()
     os._exit(_status)
+
+
+def _flush_open_files() -> None:
+    """Flush the standard streams and every file object still open, as the teardown would when it frees them.
+
+    A user's callback or module may leave a file open and count on the interpreter to write out its buffer. Files
+    opened during the imports that :mod:`~fl_lightning.startup.heap` froze are not searched: nothing of the run's is
+    among them.
+    """
+    files = [sys.stdout, sys.stderr, *(obj for obj in gc.get_objects() if isinstance(obj, io.IOBase))]
+    for file in files:
+        try:
+            if not file.closed and file.writable():
+                file.flush()  # a text file flushes its binary buffer too
+        except (AttributeError, OSError, ValueError):  # replaced, detached or broken streams: nothing to flush
+            pass

@@ -15,8 +15,8 @@ from tests.wandb_offline import history_and_config, read_records
 REPO = Path(__file__).resolve().parents[2]
 
 # A process that arms the handler, then registers what a run leaves for the end: a logging handler that writes
-# only when it is closed, a later exit handler, an object freed only by the interpreter's teardown, and stdout
-# that is not flushed yet. argv: output folder, then "finish <status>", "raise" or "return".
+# only when it is closed, a later exit handler, an object freed only by the interpreter's teardown, a file left
+# open and stdout that are not flushed yet. argv: output folder, then "finish <status>", "raise" or "return".
 SCRIPT = """
 import atexit, logging, logging.handlers, os, sys
 from fl_lightning.startup import quick_exit
@@ -37,6 +37,8 @@ class FreedAtTeardown:
         mark("teardown")
 
 kept = FreedAtTeardown()
+left_open = open(os.path.join(out, "left_open.txt"), "w")  # never closed: written out when the process ends
+left_open.write("buffered in a file")
 print("buffered output", end="")
 if how[0] == "raise":
     raise RuntimeError("the run failed")
@@ -61,6 +63,7 @@ def test_a_finished_process_runs_the_exit_handlers_then_ends_without_teardown(tm
     assert done.returncode == status, done.stderr
     assert "armed" in done.stderr.splitlines()
     assert done.stdout == "buffered output"  # flushed before the process ended
+    assert (tmp_path / "left_open.txt").read_text() == "buffered in a file"
     assert (tmp_path / "later_handler").is_file()  # registered after arm(): run before it
     assert "written when the handler is closed" in (tmp_path / "log.txt").read_text()  # logging.shutdown ran
     assert not (tmp_path / "teardown").exists()  # the interpreter's teardown was skipped
@@ -72,6 +75,7 @@ def test_a_process_that_did_not_finish_exits_as_usual(tmp_path, how):
     assert done.returncode == (1 if how == "raise" else 0)
     assert ("RuntimeError: the run failed" in done.stderr) is (how == "raise")
     assert done.stdout == "buffered output"
+    assert (tmp_path / "left_open.txt").read_text() == "buffered in a file"
     assert (tmp_path / "later_handler").is_file()
     assert "written when the handler is closed" in (tmp_path / "log.txt").read_text()
     assert (tmp_path / "teardown").is_file()  # the teardown freed the object
