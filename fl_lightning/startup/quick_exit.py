@@ -71,7 +71,6 @@ def _flush_open_files() -> None:
     files = [sys.stdout, sys.stderr, *(obj for obj in gc.get_objects() if isinstance(obj, io.IOBase))]
     for file in files:
         try:
-            if not file.closed and file.writable():
-                file.flush()  # a text file flushes its binary buffer too
-        except (AttributeError, OSError, ValueError):  # replaced, detached or broken streams: nothing to flush
+            file.flush()  # a text file flushes its binary buffer too; a read-only file has nothing to write
+        except (AttributeError, OSError, ValueError):  # closed, replaced, detached or broken: nothing to flush
             pass
