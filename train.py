@@ -2,14 +2,8 @@
 
 import sys
 
-from fl_lightning.startup import quick_exit
-
-if __name__ == "__main__":
-    # First: its exit handler runs after every handler registered later (W&B's teardown among them).
-    quick_exit.arm()
-
-from fl_lightning.startup import early_ranks  # noqa: E402 - after the exit handler
-from fl_lightning.startup.heap import long_lived  # noqa: E402
+from fl_lightning.startup import early_ranks
+from fl_lightning.startup.heap import long_lived
 
 if __name__ == "__main__":
     # Before torch and Lightning load: with --federation.workers=N the other ranks import them alongside this one.
@@ -21,4 +15,3 @@ with long_lived():
 
 if __name__ == "__main__":
     main()
-    quick_exit.finished()  # the run is over: the process ends without the interpreter's teardown (quick_exit.py)

@@ -59,8 +59,7 @@ def run_federation(args: argparse.Namespace) -> tuple[float, float, dict[str, to
     trainer = L.Trainer(**{**TRAINER_DEFAULTS, "accelerator": args.device, "logger": False})
     with tempfile.TemporaryDirectory() as out:
         cfg = FederationConfig(
-            rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False,
-            round_fit=args.round_fit, client_loop=args.client_loop,
+            rounds=args.rounds, eval_every=0, output_dir=out, progress=False, plots=False
         )  # fmt: skip
         fed = local_federation(cfg, model, data, trainer, seed=0)
         start = time.perf_counter()
@@ -85,7 +84,7 @@ def run_plain(
     """FedAvg written directly in PyTorch: the lower bound on the time of the same work.
 
     ``span(part)`` wraps each part of the work (``setup``, ``steps``, ``own``, ``evaluation``) for
-    ``fit_breakdown.py``'s timings; by default it does nothing.
+    a caller's timings; by default it does nothing.
     """
     data = make_data(args)
     net = make_model(data, args).net.to(args.device)
@@ -122,7 +121,7 @@ W1_FLAGS = ("--image-size", "32", "--norm", "none", "--momentum", "0")
 
 
 def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
-    """The command line of this workload (shared with ``fit_breakdown.py``)."""
+    """The command line of this workload."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--image-size", type=int, default=16)
@@ -132,18 +131,6 @@ def workload_parser(doc: str, repeats: int, repeats_help: str) -> argparse.Argum
     parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 gives the steadiest timings)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both runs train")
-    parser.add_argument(
-        "--per-client-fits",
-        dest="round_fit",
-        action="store_false",
-        help="the Federation runs one trainer.fit per client (federation.round_fit=false), not one per round",
-    )
-    parser.add_argument(
-        "--lightning-loop",
-        dest="client_loop",
-        action="store_false",
-        help="round fits run Lightning's loop for every local step (federation.client_loop=false), not the client loop",
-    )
     return parser
 
 

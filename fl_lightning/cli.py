@@ -50,7 +50,19 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 
 
 class FederatedCLI(LightningCLI):
-    """LightningCLI with a ``federation:`` section and the data's shape linked into the model."""
+    """LightningCLI with a ``federation:`` section and the data's shape linked into the model.
+
+    On a rank of a distributed run with CUDA, the Trainer's device is this rank's GPU, read from the parsed config
+    (``federation.workers_per_device``, however it was given: YAML, ``--key value`` or ``--key=value``).
+    """
+
+    def before_instantiate_classes(self) -> None:
+        """Give a CUDA rank its GPU (:func:`rank_devices`) before the Trainer is built from the parsed config."""
+        rank = distributed.environment_rank()
+        if rank is not None:
+            devices = rank_devices(self.config, rank[2], torch.cuda.is_available())
+            if devices is not None:
+                self.config.trainer.devices = devices
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Add the federation settings and link ``data.{num_classes,in_channels,image_size}`` → ``model``."""
@@ -198,11 +210,8 @@ def run_rank(argv: list[str]) -> dict[str, Any]:
     Every rank instantiates the same config (so the same data and shards); the clients are sharded by training
     samples (:func:`~fl_lightning.engines.distributed.shard_clients`). Only rank 0 writes anything.
     """
-    rank, world, local_rank = distributed.environment_rank()
+    rank, world, _ = distributed.environment_rank()
     extra = [] if rank == 0 else ["--trainer.logger=false"]  # outputs only from rank 0
-    if torch.cuda.is_available() and not any(a.startswith("--trainer.accelerator=cpu") for a in argv):
-        workers_per_device = _peek_int(argv, "--federation.workers_per_device", 1)
-        extra += [f"--trainer.devices=[{distributed.device_index(local_rank, workers_per_device)}]"]
     distributed.hide_elastic_environment()  # before the Trainer exists: it must stay a single-device Trainer
     group = early_ranks.started()  # the other ranks, when this process started them (train.py)
     if group is None:
@@ -248,12 +257,15 @@ def _serve_rank(
         distributed.destroy_process_group()
 
 
-def _peek_int(argv: list[str], key: str, default: int) -> int:
-    """The value of ``key=N`` on the command line (before the config is parsed), else ``default``."""
-    for arg in argv:
-        if arg.startswith(key + "="):
-            return int(arg.split("=", 1)[1])
-    return default
+def rank_devices(config: Any, local_rank: int, cuda: bool) -> list[int] | None:
+    """The Trainer's ``devices`` for local rank ``local_rank`` from a parsed config, or None to leave them as set.
+
+    With CUDA and an accelerator other than ``cpu``, ranks share GPUs ``federation.workers_per_device`` at a time
+    (:func:`~fl_lightning.engines.distributed.device_index`).
+    """
+    if not cuda or config.trainer.accelerator == "cpu":
+        return None
+    return [distributed.device_index(local_rank, config.federation.workers_per_device)]
 
 
 def launch(argv: list[str], workers: int) -> dict[str, Any]:

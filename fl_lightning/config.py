@@ -56,19 +56,6 @@ class FederationConfig:
         workers_per_device: Ranks that share one GPU (rank r uses ``cuda:(local_rank // workers_per_device)``).
         rank_timeout: Seconds rank 0 waits for a rank's answer (and a rank for rank 0's next message) before the
             run stops with an error naming it.
-        round_fit: Train a round's clients of one runtime in one ``trainer.fit`` (each client's epochs are Lightning
-            epochs; ``on_train_start``/``on_train_end`` and every per-epoch and per-step hook still run per client).
-            A Trainer or module that overrides a hook Lightning calls once per fit (``setup``, ``on_fit_start``,
-            ``on_fit_end``, ``teardown``, ``on_exception``) gets one fit per client anyway, as the log says;
-            ``false`` always fits per client. The weights are the same either way.
-        client_loop: Inside a round fit, run each client's local epochs in ONE Lightning training step (manual
-            optimisation through ``manual_backward`` and the ``LightningOptimizer``), so Lightning's per-batch
-            dispatch is paid once per client. ``on_before_backward``, ``on_after_backward`` and
-            ``on_before_optimizer_step`` still run at every local step, and the weights are the same; the batch and
-            epoch hooks run once per client and once per round. A Trainer or module that overrides a batch or
-            epoch hook or a hook only automatic optimisation calls (``on_before_zero_grad``, ``optimizer_step``,
-            …), or that clips or accumulates gradients or schedules the learning rate, keeps Lightning's loop per
-            step, as the log says; ``false`` always does.
 
     """
 
@@ -95,8 +82,6 @@ class FederationConfig:
     workers: int = 1
     workers_per_device: int = 1
     rank_timeout: float = 1800.0
-    round_fit: bool = True
-    client_loop: bool = True
 
     def __post_init__(self) -> None:
         checks = {

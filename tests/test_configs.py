@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import yaml
 
-from fl_lightning.cli import build_cli, main
-from fl_lightning.runtime.local_fit import LocalFitter
-from fl_lightning.runtime.round_fit import client_loop_blocker, round_fit_blocker
+from fl_lightning.cli import main
 from fl_lightning.server.federation import Federation
 from tests.anchors.runs import describe
+from tests.fl_lightning import hook_counter
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
 TINY = ["--trainer.logger=false", "--federation.rounds=2", "--federation.progress=false", "--federation.eval_every=1"]
@@ -80,13 +79,17 @@ def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
 def test_config_runs_and_both_transports_agree(config, tmp_path):
     """Two rounds through train.py's main, in process and serialized: bit-identical states, same metrics and summary.
 
-    In process with round fits where the config allows them, serialized with one Lightning fit per client: so the
-    two paths of local training agree as well as the two transports.
+    In process, a user's own callback (:mod:`tests.fl_lightning.hook_counter`) rides along: every client's training is
+    one ``trainer.fit`` whose hooks run as Lightning documents them, and the user's callback changes nothing.
     """
     summaries = {}
-    for transport, round_fit in (("inprocess", "true"), ("serialized", "false")):
-        args = [f"--federation.transport={transport}", f"--federation.round_fit={round_fit}"]
-        summaries[transport] = main([*tiny_args(config, tmp_path, transport), *args])
+    hook_counter.FITS.clear()
+    user_callback = ["--trainer.callbacks+=tests.fl_lightning.hook_counter.HookCounter"]
+    summaries["inprocess"] = main([*tiny_args(config, tmp_path, "inprocess"), *user_callback])
+    hook_counter.check_fits(hook_counter.FITS)
+    # one fit per trained client and round: at least one in each of the two rounds
+    assert 2 <= len(hook_counter.FITS)
+    summaries["serialized"] = main([*tiny_args(config, tmp_path, "serialized"), "--federation.transport=serialized"])
     run = tmp_path / "inprocess"
     summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
@@ -102,29 +105,6 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     assert metrics_without_timings(other / "metrics.csv") == metrics_without_timings(run / "metrics.csv")
     strip = lambda s: {k: v for k, v in s.items() if k != "run_dir"}  # noqa: E731
     assert strip(summaries["serialized"]) == strip(summary)
-
-
-# The configs whose Trainer needs one Lightning fit per client, and why (the runtime says so in the log).
-PER_CLIENT_FITS = {"dpsgd_digits": "callback DPSGD overrides on_fit_start, which Lightning calls once per fit"}
-
-
-# The configs whose round fits keep Lightning's loop for every local step, and why (the log says so too).
-PER_BATCH = "which a client loop calls once per client, not per local batch"
-LIGHTNING_LOOP = {
-    "dpsgd_digits": f"callback DPSGD overrides on_train_batch_end, {PER_BATCH}",
-    **dict.fromkeys(
-        [f"harmofl_{d}" for d in ("camelyon17", "digits", "digits_seg", "prostate")],
-        f"callback WeightPerturbation overrides on_train_batch_start, {PER_BATCH}",
-    ),
-}
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_config_trains_in_round_fits_and_the_client_loop_or_says_why_not(config, tmp_path):
-    cli = build_cli(tiny_args(config, tmp_path, "r"))
-    LocalFitter(cli.trainer)
-    assert round_fit_blocker(cli.trainer, cli.model) == PER_CLIENT_FITS.get(config.stem)
-    assert client_loop_blocker(cli.trainer, cli.model) == LIGHTNING_LOOP.get(config.stem)
 
 
 class Crash(Exception):

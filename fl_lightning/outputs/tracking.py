@@ -12,7 +12,6 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from fl_lightning.startup import lean_wandb
 from fl_lightning.wandb_sync import record_part, resume_message
 
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
@@ -198,7 +197,6 @@ class _Opening(threading.Thread):
 def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:
     # WandbLogger creates its run lazily on first use, so its init arguments can still be set here.
     if logger._experiment is None:
-        lean_wandb.install()
         # WandbLogger passes anonymous=None to wandb.init, which W&B answers on every run with "The anonymous
         # setting has no effect and will be removed"; leaving the key out keeps W&B's default, without the line.
         if logger._wandb_init.get("anonymous") is None:

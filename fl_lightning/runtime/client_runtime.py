@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,26 @@ from fl_lightning.callback import ClientContext, FederatedCallback
 from fl_lightning.config import FederationConfig
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state, select_keys
-from fl_lightning.ops.state import StateDict, all_finite, state_bytes
+from fl_lightning.ops.state import StateDict, all_finite
 from fl_lightning.runtime.local_fit import LocalFitter
-from fl_lightning.runtime.round_fit import ClientFit, RoundFit, client_loop_blocker, local_passes, round_fit_blocker
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
 
-# The replies one round fit may hold before the server takes them (it aggregates them one at a time).
-ROUND_FIT_BYTES = 256 * 2**20
+
+@dataclass
+class ClientFit:
+    """One client's fit: its task, its callbacks' bound contexts, its loader and budget."""
+
+    task: Task
+    contexts: list[tuple[FederatedCallback, ClientContext]]
+    loader: Any
+    epochs: int
+    optimizer_state: dict[str, Any] | None
+
+
+def local_passes(task: Task) -> int:
+    """The passes over its loader a fit task asks for: its epochs, or one pass of ``task.steps`` batches."""
+    return 1 if task.steps else task.epochs
 
 
 class ClientRuntime:
@@ -79,7 +92,6 @@ class ClientRuntime:
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
         self.generations: dict[str, int] = {}
-        self._blockers: dict[str, str] = {}  # federation setting -> why its path cannot train here ("": it can)
 
     @property
     def device(self) -> torch.device:
@@ -176,53 +188,8 @@ class ClientRuntime:
         return self.private.get(client_id, {}).get(group, {})
 
     def handle_many(self, tasks: list[Task]) -> Iterator[Reply]:
-        """Answer tasks in order; consecutive fit tasks train in round fits (one ``trainer.fit`` for many clients).
-
-        A round fit holds its replies until it ends, so it takes as many clients as fit in
-        :data:`ROUND_FIT_BYTES` of replies; a Trainer or module that needs a fit per client (see
-        :func:`~fl_lightning.runtime.round_fit.round_fit_blocker`), or ``federation.round_fit=false``, gets one
-        fit per client, which the log says once.
-        """
-        i = 0
-        while i < len(tasks):
-            j = i
-            while j < len(tasks) and tasks[j].kind == protocol.FIT:
-                j += 1
-            if j == i:
-                yield self.handle(tasks[i])
-                i += 1
-                continue
-            fits, i = tasks[i:j], j
-            if len(fits) == 1 or not self._allowed("round_fit", round_fit_blocker, "one Lightning fit per client"):
-                yield from (self.handle(task) for task in fits)
-                continue
-            client_loop = self._allowed(
-                "client_loop", client_loop_blocker, "round fits run Lightning's loop for every local step"
-            )
-            for chunk in _chunks(fits, max(1, ROUND_FIT_BYTES // max(1, state_bytes(self.module)))):
-                for task in chunk:
-                    self._count_generation(task)
-                while chunk:
-                    replies = RoundFit(
-                        self.fitter, self.module, chunk, self._begin_fit, self._finish_fit, self._failed_fit,
-                        self._unbind, self.keep_optimizer_state, client_loop,
-                    ).run()  # fmt: skip
-                    chunk = chunk[len(replies) :]  # a client whose training raised ended that fit: the rest go on
-                    yield from replies
-
-    def _allowed(
-        self, setting: str, find_blocker: Callable[[L.Trainer, L.LightningModule], str | None], fallback: str
-    ) -> bool:
-        """Whether the path of ``federation.<setting>`` can train here; checked once, and the log says why not."""
-        if setting not in self._blockers:
-            if getattr(self.config, setting):
-                blocker = find_blocker(self.trainer, self.module)
-            else:
-                blocker = f"federation.{setting} is false"
-            self._blockers[setting] = blocker or ""
-            if blocker:
-                self.note(f"{fallback}: {blocker}")
-        return not self._blockers[setting]
+        """Answer tasks in order, one at a time (each fit task is one ``trainer.fit`` of its client)."""
+        return (self.handle(task) for task in tasks)
 
     def _fit(self, task: Task) -> Reply:
         fit = self._begin_fit(task)
@@ -425,11 +392,6 @@ class ClientRuntime:
             cb.load_client_state_dict(state["callbacks"].get(cb.state_key, {}))
         self.data.load_sampler_state(state["data"])
         self.generations = dict(state.get("generations", {}))
-
-
-def _chunks(items: list[Task], size: int) -> Iterator[list[Task]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 class _PendingSampler:

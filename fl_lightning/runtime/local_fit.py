@@ -5,13 +5,10 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, RandomSampler
 from typing_extensions import override
 
@@ -65,29 +62,14 @@ class FitProbe(L.Callback):
             self.captured_optimizer_state = copy.deepcopy(trainer.optimizers[0].state_dict())
 
 
-class ResidentSingleDeviceStrategy(SingleDeviceStrategy):
-    """Lightning's single-device strategy, except that a fit's teardown leaves the module where it is.
-
-    After every ``trainer.fit`` Lightning moves the module and the optimiser state to the CPU and, on
-    CUDA, empties the allocator cache: right at the end of one training run, wasteful when the next
-    client's fit moves the same module back a moment later (on an H200 ~10 ms per client fit, most
-    of the fixed cost of a fit). The Federation copies what it keeps out of the module itself
-    (``clone_state`` to the CPU), so nothing depends on the module being on the CPU between fits.
-    """
-
-    @override
-    def teardown(self) -> None:
-        self.precision_plugin.teardown()
-        self.checkpoint_io.teardown()
-
-
 class LocalFitter:
     """Runs ``trainer.fit`` for one client at a time on ONE Trainer.
 
     Lightning's fit loop stops once ``current_epoch`` reaches ``max_epochs``, so a second
     ``fit`` would silently do nothing; before each fit the budget is raised by the client's local
-    epochs, and after it the number of batches actually run is checked. A single-device strategy is
-    made resident (:class:`ResidentSingleDeviceStrategy`): the module stays on its device between fits.
+    epochs, and after it the number of batches actually run is checked. Every client's training is one
+    ``trainer.fit`` of its own, through Lightning's public API only, so every hook (a user's callback's
+    included) runs per client exactly as Lightning documents it for one fit.
 
     Args:
         trainer: The shared Trainer.
@@ -104,10 +86,6 @@ class LocalFitter:
                 f"trainer.callbacks holds {leaky}: their state would carry over from one client to the next. "
                 "Remove them (set trainer.enable_checkpointing=false); the Federation checkpoints rounds itself."
             )
-        if type(trainer.strategy) is SingleDeviceStrategy:
-            # The Trainer built its strategy from its flags (accelerator, devices, precision); changing the
-            # class of that object keeps all of its state and only replaces ``teardown``.
-            trainer.strategy.__class__ = ResidentSingleDeviceStrategy
         self.trainer = trainer
         self._warned_random_sampler = False
         # Runtimes sharing a Trainer (the nodes one Simulation Engine actor serves) share its probe: each fit sets
@@ -151,92 +129,10 @@ class LocalFitter:
         self.check_ran(ran, epochs, loader, client_id)
         return ran, self.probe.captured_optimizer_state
 
-    def fit_round(
-        self,
-        module: L.LightningModule,
-        source: L.LightningDataModule,
-        epochs: int,
-        first: tuple[DataLoader, str, dict[str, Any] | None],
-        keep: bool,
-    ) -> None:
-        """One ``trainer.fit`` of ``epochs`` epochs in total, each epoch's loader from ``source`` (a round fit).
-
-        Args:
-            module: The client module, holding the first client's starting weights.
-            source: The data source that switches clients between epochs (:class:`~.round_fit.RoundLoaders`).
-            epochs: The local epochs of every client of the fit together.
-            first: The first client's loader, id and optimiser state (restored before its first step).
-            keep: Capture each client's optimiser state at its end.
-        """
-        trainer = self.trainer
-        loader, client_id, optimizer_state = first
-        self._prepare(loader, client_id, epochs, optimizer_state, keep)
-        reload = trainer.reload_dataloaders_every_n_epochs
-        trainer.reload_dataloaders_every_n_epochs = 1  # Lightning asks the source for each epoch's loader
-        try:
-            trainer.fit(module, datamodule=source)
-        finally:
-            trainer.reload_dataloaders_every_n_epochs = reload
-
-    def fit_turns(
-        self,
-        module: L.LightningModule,
-        turns: int,
-        first: tuple[DataLoader, str, dict[str, Any] | None],
-        keep: bool,
-        step: Callable[[int, int], None],
-        starts: L.Callback,
-    ) -> None:
-        """One ``trainer.fit`` of one epoch of ``turns`` batches, each a client's whole local training (a client loop).
-
-        For this fit the module's ``training_step`` is ``step`` (called with the turn's index and Lightning's batch
-        index) and its automatic optimisation is off, so ``step`` optimises through ``manual_backward`` and the
-        ``LightningOptimizer``; both are restored after the fit, also when it raises.
-
-        Args:
-            module: The client module, holding the first client's starting weights.
-            turns: The clients of the fit.
-            first: The first client's loader, id and optimiser state (restored before its first step).
-            keep: Capture each client's optimiser state at its end.
-            step: Trains turn ``i``'s client.
-            starts: A callback whose ``on_train_batch_start`` switches to each turn's client.
-        """
-        trainer = self.trainer
-        loader, client_id, optimizer_state = first
-        self._prepare(loader, client_id, 1, optimizer_state, keep)
-        automatic = module.automatic_optimization
-        # An instance attribute shadows the class's training_step for this fit only: Lightning calls the module's
-        # training_step by name, and the module's own one stays what ``step`` calls for each local batch.
-        module.training_step = step
-        module.automatic_optimization = False
-        trainer.callbacks.append(starts)
-        try:
-            # Its own generator: each iterator of a loader without one draws a seed from torch's global generator,
-            # and Lightning makes one iterator in a Trainer's first fit and two in every later fit, so a resumed run
-            # (a fresh Trainer) would be a draw behind where training draws from it too (dropout, augmentation).
-            turns_loader = DataLoader(range(turns), batch_size=None, generator=torch.Generator())
-            trainer.fit(module, train_dataloaders=turns_loader)
-        finally:
-            trainer.callbacks.remove(starts)
-            del module.training_step
-            module.automatic_optimization = automatic
-
-    def restart_optimizer(
-        self, loader: DataLoader, client_id: str, optimizer_state: dict[str, Any] | None, keep: bool
-    ) -> None:
-        """A fresh optimiser from ``configure_optimizers`` for the next client of a round fit, its state restored.
-
-        As at the start of a fit of its own: the strategy builds the optimiser (and schedulers) from the module,
-        and the probe restores the client's kept state (``optimizer_state``) in ``on_train_start``.
-        """
-        self._warn_if_unreproducible(loader, client_id)
-        self.trainer.strategy.setup_optimizers(self.trainer)
-        self._arm_probe(optimizer_state, keep)
-
     def _prepare(
         self, loader: DataLoader, client_id: str, epochs: int, optimizer_state: dict[str, Any] | None, keep: bool
     ) -> None:
-        """Before a ``trainer.fit``: its epoch budget raised by ``epochs``, the probe armed for the first client."""
+        """Before a ``trainer.fit``: its epoch budget raised by ``epochs``, the probe armed for the client."""
         trainer = self.trainer
         self._warn_if_unreproducible(loader, client_id)
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs

@@ -284,3 +284,68 @@ def test_one_pooled_client_id_on_both_layers():
 
     # the data layer imports nothing of ours, so it names its sampler key itself: the same id
     assert POOLED_KEY == POOLED
+
+
+# ---------------------------------------------------------------------------------------------- Lightning's contract
+SOURCES = ("fl_lightning", "callbacks", "datamodules", "experiments", "train.py")
+# Lightning hooks, which Lightning calls: a call of one of them by us would run it outside Lightning's loop.
+LIGHTNING_HOOKS = {"on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
+                   "on_train_batch_start", "on_train_batch_end", "on_fit_start", "on_fit_end", "setup_optimizers",
+                   "on_before_backward", "on_after_backward", "on_before_optimizer_step"}  # fmt: skip
+
+
+def source_files() -> list[Path]:
+    paths = [REPO / s for s in SOURCES]
+    return sorted(p for path in paths for p in ([path] if path.is_file() else path.rglob("*.py")))
+
+
+def contract_breaches(paths: list[Path]) -> list[str]:
+    """Assignments to ``__class__`` or a ``training_step``, private CPython names, hooks called by hand, ``os._exit``.
+
+    ``os._exit`` is allowed only in ``early_ranks.py``: the launcher's failure path (rank 0 blocked for good).
+    """
+    found = []
+    for path in paths:
+        where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr in ("__class__", "training_step"):
+                        found.append(f"{where}:{node.lineno}: assigns {t.attr}")
+            elif isinstance(node, ast.Attribute):
+                if node.attr in ("_ncallbacks", "_run_exitfuncs"):
+                    found.append(f"{where}:{node.lineno}: reads {node.attr}")
+                if node.attr == "_exit" and path.name != "early_ranks.py":
+                    found.append(f"{where}:{node.lineno}: os._exit")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value  # super().hook(...) inside an override is Lightning's own call going on
+                is_super = isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
+                if node.func.attr in LIGHTNING_HOOKS and not is_super:
+                    found.append(f"{where}:{node.lineno}: calls the hook {node.func.attr} by hand")
+    return sorted(found, key=lambda b: (b.split(":")[0], int(b.split(":")[1])))
+
+
+def test_nothing_forks_lightning_or_reads_private_names_of_cpython():
+    assert contract_breaches(source_files()) == []
+    for gone in ("fl_lightning/runtime/round_fit.py", "fl_lightning/startup/quick_exit.py",
+                 "fl_lightning/startup/lean_wandb.py"):  # fmt: skip
+        assert not (REPO / gone).exists(), gone
+
+
+def test_the_contract_check_can_fail(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import atexit, os\n"
+        "strategy.__class__ = Other\n"
+        "module.training_step = step\n"
+        "n = atexit._ncallbacks()\n"
+        "os._exit(0)\n"
+        "callback.on_train_start(trainer, module)\n"
+        "super().on_train_start(trainer, module)\n"
+    )
+    breaches = contract_breaches([bad])
+    assert [b.split(": ", 1)[1] for b in breaches] == [
+        "assigns __class__", "assigns training_step", "reads _ncallbacks", "os._exit",
+        "calls the hook on_train_start by hand",
+    ]  # fmt: skip

@@ -6,11 +6,10 @@ from collections import Counter, defaultdict
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import FederatedCallback
-from fl_lightning.runtime.local_fit import LocalFitter, ResidentSingleDeviceStrategy
+from fl_lightning.runtime.local_fit import LocalFitter
 from tests.conftest import build_federation, tiny_data, tiny_model
 
 
@@ -71,33 +70,6 @@ def test_stock_checkpoint_callbacks_are_refused():
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=True)
     with pytest.raises(ValueError, match="ModelCheckpoint"):
         LocalFitter(trainer)
-
-
-def _cpu_calls(module):
-    calls = []
-    original = module.cpu
-    module.cpu = lambda: calls.append("cpu") or original()  # an instance attribute: Lightning's teardown calls it
-    return calls
-
-
-def test_fitter_leaves_the_module_on_its_device_between_fits():
-    data = tiny_data()
-    flags = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "accelerator": "cpu"}
-    trainer = L.Trainer(**flags)
-    fitter = LocalFitter(trainer)
-    assert isinstance(trainer.strategy, ResidentSingleDeviceStrategy)
-    module = tiny_model(data)
-    calls = _cpu_calls(module)
-    fitter.fit(module, data.client_train_loader("site0"), 1, "site0")
-    fitter.fit(module, data.client_train_loader("site1"), 1, "site1")
-    assert calls == []
-    # the control: Lightning's own single-device strategy moves the module to the CPU at the end of a fit
-    plain = L.Trainer(**flags, max_epochs=1)
-    assert type(plain.strategy) is SingleDeviceStrategy
-    module = tiny_model(data)
-    calls = _cpu_calls(module)
-    plain.fit(module, data.client_train_loader("site0"))
-    assert calls == ["cpu"]
 
 
 def test_a_random_sampler_loader_is_warned_about_once():
