@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a chec
 # train.py also keeps the cyclic collector off while it imports (startup/heap.py); this plain loop does not.
 from fl_lightning.clients.segmentation_metrics import segmentation_metrics, soft_dice_loss  # isort: skip
 from datamodules.base import FederatedDataModule  # isort: skip
+from fl_lightning.ops import RunningWeightedMean, aggregation_weights  # isort: skip
 
 import torch
 import torch.nn.functional as F
@@ -52,8 +53,6 @@ from lightning.pytorch import seed_everything
 from torch import Tensor, nn
 
 IMPORT_S = time.perf_counter() - START
-
-State = dict[str, Tensor]
 
 
 def parse_args() -> argparse.Namespace:
@@ -114,25 +113,6 @@ def train_client(
             opt.step()
 
 
-def add_weighted(total: State, state: State, weight: float) -> None:
-    """``total += weight * state``: floats in (at least) float32, integers in float64."""
-    for key, value in state.items():
-        value = value.detach()
-        dtype = torch.promote_types(value.dtype, torch.float32) if value.is_floating_point() else torch.float64
-        term = value.to(dtype) * weight
-        if key in total:
-            total[key].add_(term)
-        else:
-            total[key] = term
-
-
-def cast_like(total: State, like: State) -> State:
-    """The weighted sum back in each key's dtype; integer buffers rounded."""
-    return {
-        k: v.to(like[k].dtype) if like[k].is_floating_point() else v.round().to(like[k].dtype) for k, v in total.items()
-    }
-
-
 @torch.inference_mode()
 def confusion_of(net: nn.Module, loader: torch.utils.data.DataLoader, num_classes: int) -> Tensor:
     """Pixel confusion matrix M[true, predicted] of ``net`` over a test loader."""
@@ -161,18 +141,18 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     setup_s = time.perf_counter() - t0
     ids = data.client_ids
     sizes = [data.num_train_samples(c) for c in ids]
-    weights = [n / sum(sizes) for n in sizes]
+    weights = aggregation_weights(sizes)
     global_state = {k: v.clone() for k, v in net.state_dict().items()}
     rounds, eval_every = int(fed["rounds"]), int(fed.get("eval_every", 1))
     round_s, round_dice, evaluation = [], [], {}
     for r in range(rounds):
         t_round = time.perf_counter()
-        total: State = {}
+        mean = RunningWeightedMean()  # the sample-weighted mean train.py's FedAvg takes (floats and integer buffers)
         for cid, weight in zip(ids, weights):
             net.load_state_dict(global_state)
             train_client(net, data.client_train_loader(cid), int(fed["local_epochs"]), lr, dice_weight)
-            add_weighted(total, net.state_dict(), weight)
-        global_state = cast_like(total, global_state)
+            mean.add(net.state_dict(), weight)
+        global_state = mean.result()
         if r + 1 == rounds or (eval_every and (r + 1) % eval_every == 0):
             net.load_state_dict(global_state)
             evaluation = evaluate(net, data)

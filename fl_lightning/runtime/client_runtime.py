@@ -131,12 +131,9 @@ class ClientRuntime:
         }
         if task.kind not in handlers:
             raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
-        self._count_generation(task)
-        return handlers[task.kind](task)
-
-    def _count_generation(self, task: Task) -> None:
         if task.kind != protocol.EVALUATE:  # the only kind that changes no state
             self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
+        return handlers[task.kind](task)
 
     def handle_bytes(self, data: bytes) -> bytes:
         """Answer an encoded task with an encoded reply (what a remote transport calls)."""

@@ -137,9 +137,6 @@ class LocalFitter:
         self._warn_if_unreproducible(loader, client_id)
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
         trainer.should_stop = False
-        self._arm_probe(optimizer_state, keep)
-
-    def _arm_probe(self, optimizer_state: dict[str, Any] | None, keep: bool) -> None:
         probe = self.probe
         probe.pending_optimizer_state = optimizer_state
         probe.capture_optimizer_state = keep

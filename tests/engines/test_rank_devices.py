@@ -17,14 +17,19 @@ class ParseOnly(FederatedCLI):
         raise Parsed(self.config)
 
 
-def parsed(argv: list[str]):
+def start(cli_class: type[FederatedCLI], argv: list[str]):
+    """``cli_class`` on ``argv`` with build_cli's settings (its subclass stops it with :class:`Parsed`)."""
     with pytest.raises(Parsed) as caught:
-        ParseOnly(
+        cli_class(
             model_class=cli.ClientModule, datamodule_class=cli.FederatedDataModule, subclass_mode_model=True,
             subclass_mode_data=True, run=False, args=argv, trainer_defaults=cli.TRAINER_DEFAULTS,
             save_config_callback=None, auto_configure_optimizers=False,
         )  # fmt: skip
     return caught.value.args[0]
+
+
+def parsed(argv: list[str]):
+    return start(ParseOnly, argv)
 
 
 @pytest.mark.parametrize("form", ["yaml", "space", "equals"])
@@ -60,10 +65,5 @@ def test_the_cli_gives_a_cuda_rank_its_gpu_before_the_trainer_is_built(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: True)  # no GPU here: the test stands in for one
-    with pytest.raises(Parsed):
-        Capture(
-            model_class=cli.ClientModule, datamodule_class=cli.FederatedDataModule, subclass_mode_model=True,
-            subclass_mode_data=True, run=False, args=["--federation.workers_per_device", "2"],
-            trainer_defaults=cli.TRAINER_DEFAULTS, save_config_callback=None, auto_configure_optimizers=False,
-        )  # fmt: skip
+    start(Capture, ["--federation.workers_per_device", "2"])
     assert seen["devices"] == [1]
