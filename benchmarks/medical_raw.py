@@ -12,9 +12,10 @@ does with it for FedAvg, without Lightning's Trainer or the Federation:
   (the datamodule's seeded samplers: the same batches as train.py) on cross-entropy + ``dice_weight`` x soft Dice;
 * the server takes the sample-weighted mean of the client state dicts (floats in float32, integer buffers such
   as BatchNorm's ``num_batches_tracked`` in float64 and rounded back, as ``fl_lightning.ops.RunningWeightedMean``);
-* every ``eval_every`` rounds (and after the last) the global model's foreground Dice on every client's test
-  loader (from a pixel confusion matrix, the metric of train.py's summary). train.py's evaluation also
-  computes mIoU, the test loss, HD95 and surface Dice; this loop computes only Dice.
+* every ``eval_every`` rounds (and after the last) the global model on every client's test loader, with the
+  metrics train.py computes there (foreground Dice, mIoU, the test loss, HD95, surface Dice): the client
+  module's own plain-PyTorch evaluation (``SegmentationClient.evaluation_parts`` and ``metrics_from_parts``, no
+  Trainer), so the two do the same evaluation work; the pooled metrics from the merged counts.
 
 It prints each evaluated round's Dice and, last, ``RESULT_JSON {...}`` with the final mean Dice over clients
 (``final_dice``, train.py's ``summary.global.dice.mean``), the pooled Dice and in-script timings.
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a chec
 # The repository's modules first, as a script using them would: importing fl_lightning before Lightning lets
 # Lightning's import of torchmetrics skip scipy.signal (fl_lightning/startup/lean_imports.py), as in train.py.
 # train.py also keeps the cyclic collector off while it imports (startup/heap.py); this plain loop does not.
-from fl_lightning.clients.segmentation_metrics import segmentation_metrics, soft_dice_loss  # isort: skip
+from fl_lightning.clients.segmentation_metrics import soft_dice_loss  # isort: skip
 from datamodules.base import FederatedDataModule  # isort: skip
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights  # isort: skip
 
@@ -50,7 +51,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from lightning.pytorch import seed_everything
-from torch import Tensor, nn
+from torch import nn
 
 IMPORT_S = time.perf_counter() - START
 
@@ -84,8 +85,8 @@ def instantiate(spec: dict[str, Any], **extra: Any) -> Any:
     return cls(**{**spec.get("init_args", {}), **extra})
 
 
-def build(config: dict[str, Any]) -> tuple[FederatedDataModule, nn.Module, float]:
-    """Seed, then data, then the model (LightningCLI's order); the datamodule, the net and the dice weight."""
+def build(config: dict[str, Any]) -> tuple[FederatedDataModule, Any, float]:
+    """Seed, then data, then the model (LightningCLI's order); the datamodule, the client module, the dice weight."""
     seed_everything(int(config.get("seed_everything", 0)))
     data: FederatedDataModule = instantiate(config["data"])
     data.setup("fit")
@@ -93,7 +94,7 @@ def build(config: dict[str, Any]) -> tuple[FederatedDataModule, nn.Module, float
     client = instantiate(config["model"], **linked)
     # SegmentationClient.forward is net(input_norm(x)); input_norm is nn.Identity for plain FedAvg.
     assert isinstance(client.input_norm, nn.Identity), "this loop mirrors plain FedAvg only"
-    return data, client.net, float(client.hparams.dice_weight)
+    return data, client, float(client.hparams.dice_weight)
 
 
 def train_client(
@@ -113,22 +114,12 @@ def train_client(
             opt.step()
 
 
-@torch.inference_mode()
-def confusion_of(net: nn.Module, loader: torch.utils.data.DataLoader, num_classes: int) -> Tensor:
-    """Pixel confusion matrix M[true, predicted] of ``net`` over a test loader."""
-    net.eval()
-    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64)
-    for x, y in loader:
-        preds = net(x).argmax(1)
-        confusion += torch.bincount((y * num_classes + preds).reshape(-1), minlength=num_classes * num_classes)
-    return confusion.reshape(num_classes, num_classes)
-
-
-def evaluate(net: nn.Module, data: FederatedDataModule) -> dict[str, Any]:
-    """Foreground Dice of every client's test set, their mean, and the pooled test set's Dice."""
-    confusions = {cid: confusion_of(net, data.client_test_loader(cid), data.num_classes) for cid in data.client_ids}
-    per_client = {cid: segmentation_metrics(m)["dice"] for cid, m in confusions.items()}
-    pooled = segmentation_metrics(sum(confusions.values()))["dice"]
+def evaluate(client: Any, data: FederatedDataModule) -> dict[str, Any]:
+    """The global model's metrics on every client's test set (foreground Dice per client, their mean) and pooled."""
+    device = torch.device("cpu")
+    parts = {cid: client.evaluation_parts(data.client_test_loader(cid), device) for cid in data.client_ids}
+    per_client = {cid: client.metrics_from_parts(p)["dice"] for cid, p in parts.items()}
+    pooled = client.metrics_from_parts(client.merge_parts(list(parts.values())))["dice"]
     return {"mean": sum(per_client.values()) / len(per_client), "pooled": pooled, "clients": per_client}
 
 
@@ -137,7 +128,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     fed, lr = config["federation"], float(config["model"]["init_args"]["lr"])
     assert fed.get("aggregation", "samples") == "samples" and fed.get("client_fraction", 1.0) == 1.0
     t0 = time.perf_counter()
-    data, net, dice_weight = build(config)
+    data, client, dice_weight = build(config)
+    net = client.net
     setup_s = time.perf_counter() - t0
     ids = data.client_ids
     sizes = [data.num_train_samples(c) for c in ids]
@@ -155,7 +147,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         global_state = mean.result()
         if r + 1 == rounds or (eval_every and (r + 1) % eval_every == 0):
             net.load_state_dict(global_state)
-            evaluation = evaluate(net, data)
+            evaluation = evaluate(client, data)
             round_dice.append(evaluation["mean"])
             per_client = " ".join(f"{c} {d:.4f}" for c, d in evaluation["clients"].items())
             print(f"round {r + 1}/{rounds}  dice {evaluation['mean']:.4f}  pooled {evaluation['pooled']:.4f}  "

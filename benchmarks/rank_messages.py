@@ -33,8 +33,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fl_lightning.engines import rank_wire
+from fl_lightning.engines.local_ranks import free_port
 from fl_lightning.models.cnn import SmallCNN
-from fl_lightning.startup.early_ranks import free_port
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import Reply, Task
 

@@ -6,12 +6,12 @@ import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
-from torch.nn.modules.batchnorm import _NormBase
 from typing_extensions import override
 
 from callbacks.base import FederatedCallback
 from callbacks.preconditions import trainable_names
 from fl_lightning.errors import PreconditionError, StopFederation
+from fl_lightning.models.layer_kinds import tracks_running_stats
 from fl_lightning.ops.dp_fedavg import (
     History,
     add_round,
@@ -25,7 +25,7 @@ from fl_lightning.ops.dp_fedavg import (
     private_state,
     update_noise_multiplier,
 )
-from fl_lightning.server.selection import num_selected
+from fl_lightning.ops.sampling import num_selected
 
 if TYPE_CHECKING:
     from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
@@ -39,7 +39,7 @@ def _check_no_running_statistics(module: L.LightningModule) -> list[str]:
     Buffers do not travel under DP-FedAvg (the client sends them back as received), so BatchNorm's running mean
     and variance would never be learnt; clipping and noising them instead could turn a variance negative.
     """
-    tracking = [n for n, m in module.named_modules() if isinstance(m, _NormBase) and m.track_running_stats]
+    tracking = [n for n, m in module.named_modules() if tracks_running_stats(m)]
     if tracking:
         raise PreconditionError(
             f"DPFedAvg protects the trainable parameters only; {tracking[:3]} track running statistics (buffers "

@@ -7,16 +7,15 @@ from typing import TYPE_CHECKING
 
 import lightning as L
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.instancenorm import _InstanceNorm
 from typing_extensions import override
 
 from callbacks.base import FederatedCallback
+from fl_lightning.models.layer_kinds import BATCH_NORMS, INSTANCE_NORMS
 
 if TYPE_CHECKING:
     from fl_lightning.callback import ServerView
 
-NORM_TYPES: tuple[type[nn.Module], ...] = (_BatchNorm, _InstanceNorm, nn.GroupNorm)
+NORM_TYPES: tuple[type[nn.Module], ...] = (*BATCH_NORMS, *INSTANCE_NORMS, nn.GroupNorm)
 
 
 def norm_state_keys(module: nn.Module, norm_types: tuple[type[nn.Module], ...] = NORM_TYPES) -> set[str]:

@@ -12,7 +12,7 @@ from callbacks.base import FederatedCallback
 from datamodules.sampler import SeededEpochSampler, stable_seed
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state
-from fl_lightning.outputs.checkpoint import rng_state, set_rng_state
+from fl_lightning.ops.rng import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from fl_lightning.callback import ClientContext, ServerView

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,13 +16,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from datamodules.base import FederatedDataModule
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
-from fl_lightning.engines import distributed
+from fl_lightning.engines import distributed, local_ranks
 from fl_lightning.engines.local import local_federation
-from fl_lightning.outputs.checkpoint import rng_state, set_rng_state
-from fl_lightning.outputs.run_dir import json_safe
+from fl_lightning.ops.rng import rng_state, set_rng_state
 from fl_lightning.runtime import ClientRuntime
 from fl_lightning.server.federation import Federation
-from fl_lightning.startup import early_ranks
 
 # main() passes the command line to LightningCLI itself (the ranks and the serialized runtime add to it): intended.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -52,15 +47,39 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 class FederatedCLI(LightningCLI):
     """LightningCLI with a ``federation:`` section and the data's shape linked into the model.
 
-    On a rank of a distributed run with CUDA, the Trainer's device is this rank's GPU, read from the parsed config
-    (``federation.workers_per_device``, however it was given: YAML, ``--key value`` or ``--key=value``).
+    Where the run has ranks, the parsed config decides, however it was given (YAML, ``--key value`` or
+    ``--key=value``): with ``launch_argv`` and ``federation.workers`` > 1 outside a rank, this process starts the
+    other local ranks and becomes rank 0 (:func:`~fl_lightning.engines.local_ranks.start`); on a rank with CUDA, the
+    Trainer's device is this rank's GPU (``federation.workers_per_device``).
+
+    Args:
+        launch_argv: The run's arguments, to start the other local ranks with; None never starts any.
+        *args: LightningCLI's arguments.
+        **kwargs: LightningCLI's keyword arguments.
+
+    Attributes:
+        rank: ``(rank, world size, local rank)`` on a rank of a distributed run, else None.
+        ranks: The local ranks this process started (it is their rank 0), else None.
     """
 
+    def __init__(self, *args: Any, launch_argv: list[str] | None = None, **kwargs: Any) -> None:
+        self.launch_argv = launch_argv
+        self.rank: tuple[int, int, int] | None = None
+        self.ranks: local_ranks.RankGroup | None = None
+        super().__init__(*args, **kwargs)  # parses, then instantiates (before_instantiate_classes in between)
+
     def before_instantiate_classes(self) -> None:
-        """Give a CUDA rank its GPU (:func:`rank_devices`) before the Trainer is built from the parsed config."""
-        rank = distributed.environment_rank()
-        if rank is not None:
-            devices = rank_devices(self.config, rank[2], torch.cuda.is_available())
+        """Start the local ranks the config asks for; on a rank, prepare the Trainer it is about to build.
+
+        On a rank, its variables are hidden from Lightning and a CUDA rank gets its GPU (:func:`rank_devices`).
+        """
+        workers = self.config.federation.workers
+        if self.launch_argv is not None and workers > 1 and distributed.environment_rank() is None:
+            self.ranks = local_ranks.start(self.launch_argv, workers)
+        self.rank = distributed.environment_rank()
+        if self.rank is not None:
+            distributed.hide_elastic_environment()  # the Trainer must stay a single-device Trainer
+            devices = rank_devices(self.config, self.rank[2], torch.cuda.is_available())
             if devices is not None:
                 self.config.trainer.devices = devices
 
@@ -77,13 +96,15 @@ class FederatedCLI(LightningCLI):
         )
 
 
-def build_cli(args: list[str] | None = None, log: bool = True) -> FederatedCLI:
+def build_cli(args: list[str] | None = None, log: bool = True, launch: bool = False) -> FederatedCLI:
     """Parse ``args`` (or ``sys.argv``) and instantiate everything; errors name the offending key.
 
     ``log=False`` (a Flower site, which logs nothing) makes "no logger" the Trainer's default: resolving the
     default W&B logger's type hints imports ``wandb``, even when ``--trainer.logger=false`` follows.
+    ``launch=True`` (the run's own build in :func:`main`) starts the local ranks ``federation.workers`` asks for.
     """
     return FederatedCLI(
+        launch_argv=(sys.argv[1:] if args is None else list(args)) if launch else None,
         model_class=ClientModule,
         datamodule_class=FederatedDataModule,
         subclass_mode_model=True,
@@ -148,12 +169,11 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     # W&B's own end-of-run printout repeats what our final table shows; the run directory says where its files are.
     os.environ.setdefault("WANDB_SILENT", "true")
     argv = sys.argv[1:] if args is None else list(args)
-    if distributed.environment_rank() is not None:
-        return run_rank(argv)
-    cli = _build(argv)
-    federation_cfg: FederationConfig = cli.config_init["federation"]
-    if federation_cfg.workers > 1:
-        return launch(argv, federation_cfg.workers)
+    started = distributed.environment_rank()
+    extra = ["--trainer.logger=false"] if started is not None and started[0] != 0 else []  # outputs from rank 0 only
+    cli = _build([*argv, *extra], launch=started is None)  # may start the local ranks and make this rank 0
+    if cli.rank is not None:
+        return run_rank(cli)
     seed = int(cli.config["seed_everything"])
 
     def runtime_factory() -> ClientRuntime:
@@ -168,10 +188,10 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     return _federation(cli, local_federation, runtime_factory=runtime_factory).run()
 
 
-def _build(argv: list[str]) -> FederatedCLI:
+def _build(argv: list[str], launch: bool = False) -> FederatedCLI:
     """:func:`build_cli`, with jsonargparse's union dump reduced to the user's own error."""
     try:
-        return build_cli(argv)
+        return build_cli(argv, launch=launch)
     except ValueError as err:
         clear = instantiation_error_message(err)
         if clear is None:
@@ -204,21 +224,20 @@ def _federation(cli: FederatedCLI, make: Callable[..., Federation] = Federation,
 
 
 # ---------------------------------------------------------------------------------------------- distributed
-def run_rank(argv: list[str]) -> dict[str, Any]:
+def run_rank(cli: FederatedCLI) -> dict[str, Any]:
     """One rank of a distributed run: rank 0 runs the Federation over the ranks, the others serve their clients.
 
     Every rank instantiates the same config (so the same data and shards); the clients are sharded by training
-    samples (:func:`~fl_lightning.engines.distributed.shard_clients`). Only rank 0 writes anything.
+    samples (:func:`~fl_lightning.engines.distributed.shard_clients`). Only rank 0 writes anything. Where this
+    process started the other ranks (:attr:`FederatedCLI.ranks`), it closes them when its run ends.
     """
-    rank, world, _ = distributed.environment_rank()
-    extra = [] if rank == 0 else ["--trainer.logger=false"]  # outputs only from rank 0
-    distributed.hide_elastic_environment()  # before the Trainer exists: it must stay a single-device Trainer
-    group = early_ranks.started()  # the other ranks, when this process started them (train.py)
+    rank, world, _ = cli.rank
+    group = cli.ranks
     if group is None:
-        return _serve_rank(argv, extra, rank, world)
+        return _serve_rank(cli, rank, world)
     ok = False
     try:
-        summary = _serve_rank(argv, extra, rank, world, group)
+        summary = _serve_rank(cli, rank, world)
         ok = True
         return summary
     except RuntimeError as err:
@@ -229,14 +248,9 @@ def run_rank(argv: list[str]) -> dict[str, Any]:
         group.close(ok)  # waits for the other ranks' exits after a good run, else stops them
 
 
-def _serve_rank(
-    argv: list[str], extra: list[str], rank: int, world: int, group: early_ranks.RankGroup | None = None
-) -> dict[str, Any]:
-    """Build this rank's run, join the group and run it: the Federation on rank 0, the client server elsewhere."""
-    cli = _build([*argv, *extra])
+def _serve_rank(cli: FederatedCLI, rank: int, world: int) -> dict[str, Any]:
+    """Join the group and run this rank: the Federation on rank 0, the client server elsewhere."""
     cfg: FederationConfig = cli.config_init["federation"]
-    if group is not None:  # the ranks this process started must be the ones the config asks for
-        group.check_workers(cfg.workers)
     distributed.init_process_group(rank, world, cfg.rank_timeout)
     try:
         data = cli.datamodule
@@ -266,21 +280,3 @@ def rank_devices(config: Any, local_rank: int, cuda: bool) -> list[int] | None:
     if not cuda or config.trainer.accelerator == "cpu":
         return None
     return [distributed.device_index(local_rank, config.federation.workers_per_device)]
-
-
-def launch(argv: list[str], workers: int) -> dict[str, Any]:
-    """Start ``workers`` ranks on this machine (spawned processes, a free port on 127.0.0.1) and wait for them.
-
-    Raises:
-        RankError: If a rank fails or dies, naming it (the other ranks are stopped).
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "summary.json"
-        distributed.spawn(_rank_entry, workers, (argv, str(out)))
-        return json.loads(out.read_text())
-
-
-def _rank_entry(argv: list[str], summary_path: str) -> None:
-    summary = main(argv)
-    if summary:  # rank 0
-        Path(summary_path).write_text(json.dumps(json_safe(summary)))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.cli import build_cli
-from fl_lightning.config_reference import class_entries, undocumented
+from fl_lightning.tools.config_reference import class_entries, undocumented
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "experiments").glob("*/README.md"))]

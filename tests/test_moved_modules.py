@@ -1,6 +1,8 @@
 """Run directories and scripts from before the layout step: old module paths import, old run directories resume."""
 
 import importlib
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -8,7 +10,7 @@ import pytest
 
 from fl_lightning.cli import main
 from fl_lightning.outputs.config_diff import flatten
-from fl_lightning.startup.moved import MOVED, canonical_class_path
+from fl_lightning.startup.moved import MOVED, REMOVED_IN, canonical_class_path
 from tests.anchors.runs import describe
 from tests.test_configs import metrics_without_timings, stop_after_round_1, tiny_args
 
@@ -26,9 +28,20 @@ def test_an_old_module_path_imports_the_moved_module_with_a_warning(old):
         warnings.simplefilter("always")
         module = importlib.import_module(old)
     assert module is importlib.import_module(MOVED[old])
-    assert any(issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) for w in caught) or (
+    assert any(
+        issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) and REMOVED_IN in str(w.message)
+        for w in caught
+    ) or (
         old in importlib.sys.modules  # imported earlier in this process: no second warning
     )
+
+
+@pytest.mark.parametrize("old", ["fl_lightning.compare", "fl_lightning.wandb_sync", "fl_lightning.membership_audit"])
+def test_an_old_command_runs_the_moved_command_saying_its_new_name_and_when_the_old_one_goes(old):
+    proc = subprocess.run([sys.executable, "-m", old, "--help"], capture_output=True, text=True, cwd=Path.cwd())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"usage: python -m {MOVED[old]}" in proc.stdout.replace("\n", " ") or MOVED[old] in proc.stdout
+    assert f"python -m {old} is now python -m {MOVED[old]}; the old command goes in {REMOVED_IN}" in proc.stderr
 
 
 def test_an_unknown_old_path_still_fails():

@@ -1,7 +1,7 @@
 """Read a W&B offline run file (``run-<id>.wandb``) without network or wandb's service.
 
-The reader is the library's (:func:`fl_lightning.wandb_sync.read_records`: the transaction log's LevelDB-log records
-as protobuf ``Record`` objects); this module adds what the tests look at.
+The reader is the library's (:func:`fl_lightning.tools.wandb_sync.read_records`: the transaction log's LevelDB-log
+records as protobuf ``Record`` objects); this module adds what the tests look at.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.wandb_sync import read_records
+from fl_lightning.tools.wandb_sync import read_records
 
 __all__ = ["history_and_config", "read_records"]
 

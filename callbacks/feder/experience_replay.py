@@ -26,7 +26,6 @@ from callbacks.feder.perceptual import PerceptualDistance
 from callbacks.feder.private_gan import DiscriminatorFactory, GeneratorFactory, PrivateGANConfig, train_node_gan
 from callbacks.feder.replay import BufferBatches, ReplayBuffer, ReplayLoader, batch_sizes
 from datamodules.sampler import stable_seed
-from fl_lightning.clients.classification import ClassificationClient
 from fl_lightning.errors import PreconditionError
 
 if TYPE_CHECKING:
@@ -134,10 +133,10 @@ class ExperienceReplay(FederatedCallback):
     @override
     def on_runtime_start(self, runtime: RuntimeView) -> None:
         self._check_topology(runtime.config.topology)
-        if not isinstance(runtime.module, ClassificationClient):
+        if not getattr(runtime.module, "weighted_batches", False):
             raise PreconditionError(
-                "ExperienceReplay needs a ClassificationClient (its loss weights the replay samples), "
-                f"got {type(runtime.module).__name__}"
+                "ExperienceReplay needs a client module whose loss weights the replay samples (weighted_batches, "
+                f"e.g. fl_lightning.clients.ClassificationClient), got {type(runtime.module).__name__}"
             )
         directory = runtime.workdir / GENERATORS_DIR
         for node in runtime.client_ids:

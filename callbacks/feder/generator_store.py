@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import Tensor
 
+from datamodules.files import save_state_file
 from datamodules.generated import FORMAT_VERSION, GENERATORS_DIR, data_digest, generator_path, load_node_gan
-from fl_lightning.outputs.checkpoint import save_checkpoint
 
 __all__ = ["GENERATORS_DIR", "data_digest", "fingerprint_mismatch", "generator_path", "load_node_gan", "save_node_gan"]
 
@@ -30,7 +30,7 @@ def save_node_gan(
         "images": images,
         "fingerprint": fingerprint,
     }
-    save_checkpoint(Path(path), state)
+    save_state_file(Path(path), state)
 
 
 def fingerprint_mismatch(stored: dict[str, Any], expected: dict[str, Any], keys: list[str] | None = None) -> list[str]:

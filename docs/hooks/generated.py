@@ -1,6 +1,6 @@
 """MkDocs hook: pages made at build time from the project itself, so they cannot go stale.
 
-- ``reference/config.md``: the config reference, from the CLI's parser (:mod:`fl_lightning.config_reference`).
+- ``reference/config.md``: the config reference, from the CLI's parser (:mod:`fl_lightning.tools.config_reference`).
 - ``experiments/<study>/README.md`` and the figures under ``experiments/results/``: each study's page is the
   README beside its script, shown as it is in the repository.
 """
@@ -25,7 +25,7 @@ def config_sections() -> dict:
     from fl_lightning import clients
     from fl_lightning.callback import FederatedCallback
     from fl_lightning.clients.base import ClientModule
-    from fl_lightning.config_reference import sections
+    from fl_lightning.tools.config_reference import sections
 
     def exported(module: object, base: type) -> list[type]:
         found = [getattr(module, name) for name in module.__all__]
@@ -40,7 +40,7 @@ def config_sections() -> dict:
 
 def on_files(files: Files, config) -> Files:  # noqa: ANN001 - MkDocs' hook signature
     """Add the generated reference and the studies' READMEs and figures to the site's files."""
-    from fl_lightning.config_reference import reference_markdown
+    from fl_lightning.tools.config_reference import reference_markdown
 
     files.append(File.generated(config, "reference/config.md", content=reference_markdown(config_sections())))
     experiments = REPO / "experiments"

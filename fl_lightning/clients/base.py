@@ -26,6 +26,8 @@ class ClientModule(L.LightningModule):
 
     Attributes:
         primary_metric: The evaluation metric shown in the round line, the final table and curves.
+        weighted_batches: Whether a training batch may carry per-sample loss weights, ``(x, y, w)`` (what a method
+            that mixes in weighted samples, FedER's replay, checks before it starts).
         lr_factor: Factor of the configured learning rate for the next local fit; a schedule
             (``callbacks.LRSchedule``) sets it before each fit and ``configure_optimizers`` builds the
             optimiser with ``hparams.lr * lr_factor``. 1.0 unless a schedule is configured.
@@ -33,6 +35,7 @@ class ClientModule(L.LightningModule):
     """
 
     primary_metric: str = "acc"
+    weighted_batches: bool = False
 
     def __init__(self) -> None:
         super().__init__()

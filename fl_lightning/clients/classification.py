@@ -40,6 +40,8 @@ class ClassificationClient(ClientModule):
 
     """
 
+    weighted_batches = True  # (x, y, w): the cross-entropy is then Σ_i w_i ℓ_i
+
     def __init__(
         self,
         num_classes: int = 10,

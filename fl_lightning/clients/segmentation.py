@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -204,14 +205,13 @@ class SegmentationClient(ClientModule):
             self.hparams.num_classes, average="macro", validate_args=False, sync_on_compute=False
         )
         jaccard.confmat = parts["jaccard_confmat"].clone()
-        jaccard._update_count = 1  # counts were added: compute() must not warn that update() never ran
         loss = float(parts["ce_sum"]) / int(parts["pixels"])
         if self.hparams.dice_weight:
             loss += self.hparams.dice_weight * float(soft_dice_from_sums(parts["inter"], parts["denom"]))
         surface = surface_metrics_from_sums(parts["hd95_sum"], parts["surface_dice_sum"], parts["surface_images"])
         return {
             **segmentation_metrics(parts["confusion"]),
-            "miou": float(jaccard.compute()),
+            "miou": float(_compute_without_update(jaccard)),
             "loss": loss,
             **surface,
         }
@@ -224,3 +224,10 @@ class SegmentationClient(ClientModule):
         hp = self.hparams
         lr = hp.lr * self.lr_factor  # the round's learning rate under a schedule (callbacks.LRSchedule)
         return build_optimizer(self.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)
+
+
+def _compute_without_update(metric: Any) -> Tensor:
+    """``metric.compute()`` on states set from merged counts, without torchmetrics' "update() never ran" warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*was called before the ``update`` method", category=UserWarning)
+        return metric.compute()

@@ -23,13 +23,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from typing_extensions import override
 
 from fl_lightning.engines import rank_wire
 from fl_lightning.errors import RankError
 from fl_lightning.runtime import ClientRuntime
-from fl_lightning.startup.early_ranks import free_port
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
 from fl_lightning.wire.transport import Transport
@@ -358,36 +356,6 @@ def destroy_process_group() -> None:
     """Leave the process group (if joined)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def spawn(fn: Callable[..., None], world_size: int, args: tuple[Any, ...]) -> None:
-    """Run ``fn(*args)`` in ``world_size`` new processes, ranks 0 … N − 1 of one group on 127.0.0.1.
-
-    Each process gets torchrun's variables (so it takes the same path as under torchrun) and, unless
-    ``OMP_NUM_THREADS`` says otherwise, an equal share of the CPU cores as intra-op threads.
-
-    Raises:
-        RankError: If a rank raised or died (the others are then stopped), naming it.
-    """
-    port = free_port()
-    threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world_size)
-    try:
-        mp.start_processes(
-            _spawned, args=(world_size, port, threads, fn, args), nprocs=world_size, start_method="spawn", join=True
-        )
-    except mp.ProcessRaisedException as err:
-        raise RankError(f"rank {err.error_index} failed:\n{err}") from None
-    except mp.ProcessExitedException as err:
-        raise RankError(f"rank {err.error_index} died: {err}") from None
-
-
-def _spawned(rank: int, world_size: int, port: int, threads: int, fn: Callable[..., None], args: tuple) -> None:
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
-    )  # fmt: skip
-    torch.set_num_threads(threads)
-    fn(*args)
 
 
 def device_index(local_rank: int, workers_per_device: int) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.conv import _ConvNd
 from torch.nn.parameter import is_lazy
+
+from fl_lightning.models.layer_kinds import CONVS
 
 NET_KEY = "model.init_args.net"  # the config key of a class-path network (named in every error)
 DUMMY_BATCH = 2  # samples of the dummy batch (two, so that a net that drops the batch dimension is caught)
@@ -27,7 +28,7 @@ def class_name(net: nn.Module) -> str:
 def _first_conv_channels(net: nn.Module) -> tuple[str, int] | None:
     """``(name, in_channels)`` of the net's first convolution in registration order (a hint, not a rule)."""
     for name, sub in net.named_modules():
-        if isinstance(sub, _ConvNd):
+        if isinstance(sub, CONVS):
             return name, sub.in_channels
     return None
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.data import DataLoader, Dataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from fl_lightning.models.layer_kinds import BATCH_NORMS
 
 # Opacus is imported where it is used: it costs ~0.25 s, which every process importing ``callbacks`` (train.py
 # --help, each rank) would pay for a method few runs use.
@@ -95,7 +95,7 @@ def calibrate_noise(
 
 def batch_norm_layers(module: nn.Module) -> list[str]:
     """Names of the BatchNorm layers of ``module``: their statistics mix examples, so DP-SGD cannot use them."""
-    return [name for name, m in module.named_modules() if isinstance(m, _BatchNorm)]
+    return [name for name, m in module.named_modules() if isinstance(m, BATCH_NORMS)]
 
 
 def poisson_loader(

@@ -20,9 +20,9 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
         A scalar tensor in float32 or wider, on the first gradient's device.
 
     """
-    device = grads[0].device
     wide = [g.float() if g.dtype in (torch.float16, torch.bfloat16) else g for g in grads]
-    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in torch._foreach_norm(wide)]))
+    # torch's public total norm: one norm per tensor (fused where torch can), then the norm of those norms.
+    return torch.nn.utils.get_total_norm(wide, norm_type=2.0)
 
 
 def perturbation(grads: Sequence[Tensor], alpha: float, eps: float = EPS) -> list[Tensor]:
@@ -40,8 +40,6 @@ def perturbation(grads: Sequence[Tensor], alpha: float, eps: float = EPS) -> lis
     if not grads:
         return []
     scale = alpha / (global_grad_norm(grads) + eps)
-    if all(g.dtype == scale.dtype and g.device == scale.device for g in grads):
-        return list(torch._foreach_mul(list(grads), scale))
     return [g * scale.to(g.device, g.dtype) for g in grads]
 
 
@@ -60,9 +58,8 @@ def perturb(params: Sequence[Tensor], alpha: float, eps: float = EPS) -> list[tu
     """
     with_grad = [p for p in params if p.grad is not None]
     saved = [(p, p.detach().clone()) for p in with_grad]
-    if with_grad:
-        # One fused multi-tensor add instead of a Python loop: this runs on every optimiser step.
-        torch._foreach_add_(with_grad, perturbation([p.grad for p in with_grad], alpha, eps))
+    for p, delta in zip(with_grad, perturbation([p.grad for p in with_grad], alpha, eps)):
+        p.add_(delta)
     return saved
 
 
@@ -74,5 +71,5 @@ def restore(saved: Sequence[tuple[Tensor, Tensor]]) -> None:
         saved: What :func:`perturb` returned.
 
     """
-    if saved:
-        torch._foreach_copy_([p for p, _ in saved], [original for _, original in saved])
+    for p, original in saved:
+        p.copy_(original)

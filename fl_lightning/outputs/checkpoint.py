@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import random
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from datamodules.files import file_digest, load_state_file  # the one safe loader (weights_only) for every state file
+# The one safe loader (weights_only) for every state file, and its atomic writer.
+from datamodules.files import load_state_file
+from datamodules.files import save_state_file as save_checkpoint
 from fl_lightning.outputs.client_store import STORE_DIR, ClientStateStore, expand
 
 CHECKPOINT_DIR = "checkpoints"
@@ -25,48 +21,6 @@ _TEMP = re.compile(r"^\..+\.tmp$")
 def checkpoint_path(run_dir: Path, round_idx: int) -> Path:
     """Where the checkpoint after ``round_idx`` completed rounds goes."""
     return run_dir / CHECKPOINT_DIR / f"round-{round_idx:05d}.ckpt"
-
-
-def new_file_mode() -> int:
-    """The mode every file of a run directory gets: what ``open`` gives a new file, 0666 less the umask.
-
-    Temporary files (``mkstemp``) start as 0600; without this, CSVs and checkpoints renamed from them stayed 0600
-    while the figures got 0644. One rule for all: the user's umask decides (``umask 077`` keeps a run private).
-    """
-    try:  # Linux says it without changing it (os.umask can only be read by setting it, racing other threads)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> str:
-    """``torch.save`` to a temporary file in the same directory, fsync, then rename over ``path``.
-
-    A crash at any moment leaves either the previous file or the complete new one, never a torso:
-    the temporary name does not match the checkpoint pattern, so it is never taken for one.
-
-    Returns:
-        The sha256 of the file written (hex), read back before the rename.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, new_file_mode())
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        digest = file_digest(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return digest
 
 
 def write_round_checkpoint(path: Path, state: dict[str, Any], store: ClientStateStore, keep: int) -> None:
@@ -154,38 +108,3 @@ def remove_orphan_temps(run_dir: Path) -> list[Path]:
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch (CPU and CUDA) global RNG states as weights-only-loadable objects."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    random.setstate(_as_tuple(state["python"]))
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuple(value: Any) -> Any:
-    """Lists back to tuples, recursively (``random.setstate`` insists on tuples)."""
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -15,7 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.outputs.checkpoint import list_checkpoints, new_file_mode, remove_orphan_temps
+from datamodules.files import new_file_mode
+from fl_lightning.outputs.checkpoint import list_checkpoints, remove_orphan_temps
 
 try:
     import fcntl

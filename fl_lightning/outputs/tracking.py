@@ -3,74 +3,105 @@
 from __future__ import annotations
 
 import math
-import os
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from fl_lightning.wandb_sync import record_part, resume_message
+from fl_lightning.outputs.wandb_init import is_offline, wandb_init_args
+from fl_lightning.tools.wandb_sync import record_part, resume_message
 
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
 ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
 
 
 class WandbOfflineResumeWarning(UserWarning):
-    """A resumed offline W&B run: its parts must be uploaded together (:mod:`fl_lightning.wandb_sync`)."""
+    """A resumed offline W&B run: its parts must be uploaded together (:mod:`fl_lightning.tools.wandb_sync`)."""
+
+
+@dataclass(frozen=True)
+class WandbArgs:
+    """A W&B run as the config describes it: the arguments of its ``WandbLogger`` (``trainer.logger.init_args``).
+
+    The round tracker opens the run itself (:func:`~fl_lightning.outputs.wandb_init.wandb_init_args`), in the run
+    directory and, on a resume, continuing the checkpoint's W&B run id.
+    """
+
+    init_args: dict[str, Any]
+
+
+Tracked = Logger | WandbArgs
 
 
 class RoundTracker:
     """Sends round-level metrics and the resolved config to every logger of the shared Trainer.
 
-    W&B specifics: the run's files go into the run directory unless the user chose a ``save_dir``
-    other than the default ``.``;
+    W&B: a ``WandbLogger`` given in the config (the default) is opened by the tracker with ``wandb.init`` from the
+    logger's arguments (:class:`WandbArgs`); its files go into the run directory unless the user chose a
+    ``save_dir`` other than the default ``.``, and a resumed run continues the same W&B run id (offline, in a new
+    ``offline-run-*`` directory: the tracker lists each in :data:`fl_lightning.tools.wandb_sync.RECORD` and, at a
+    resume, warns with the command that uploads the parts as one run). A ``WandbLogger`` object built in Python
+    is used as it is (its ``experiment``): its own folder and id (a resume warns unless its id is the run's).
     ``round`` is declared the x-axis of every round-level key (``eval/*``, ``client/*``, ``time/*``,
-    ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap
-    nor restart; a resumed run continues the same W&B run id (offline, in a new ``offline-run-*`` directory: the
-    tracker lists each in :data:`fl_lightning.wandb_sync.RECORD` and, at a resume, warns with the command that
-    uploads the parts as one run). An offline W&B run is opened in a background
-    thread (its service takes ≈ 1–2 s to start, time the first round uses instead); the first call that needs it
-    waits for it and raises what opening it raised. An online run opens before the first round, so a login or
-    network error stops the run before any training.
+    ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap nor restart.
+    An offline W&B run from the config is opened in a background thread (its service takes ≈ 1–2 s to start,
+    time the first round uses instead); the first call that needs it waits for it and raises what opening it
+    raised. An online run opens before the first round, so a login or network error stops the run before any
+    training.
 
     Args:
-        loggers: The Trainer's loggers (may be empty).
+        loggers: The loggers (may be empty): Lightning loggers, or :class:`WandbArgs` for W&B runs to open.
 
     """
 
-    def __init__(self, loggers: list[Logger]) -> None:
+    def __init__(self, loggers: list[Tracked]) -> None:
         self.loggers = list(loggers)
-        self._defined: dict[int, set[str]] = {}  # per W&B logger: keys given "round" as their x-axis by name
-        self._opening: dict[int, _Opening] = {}  # per W&B logger being opened in the background
+        self._defined: dict[int, set[str]] = {}  # per W&B run: keys given "round" as their x-axis by name
+        self._opening: dict[int, _Opening] = {}  # per W&B logger: its opening (background or done)
 
     @classmethod
-    def take_from(cls, trainer: Trainer) -> RoundTracker:
+    def take_from(cls, trainer: Trainer, logger_config: Any = None) -> RoundTracker:
         """A tracker of the Trainer's loggers, which the Trainer then gives up.
+
+        Args:
+            trainer: The shared Trainer.
+            logger_config: ``trainer.logger`` of the resolved config (a class spec, a list of them, a bool or None):
+                a ``WandbLogger`` named there becomes :class:`WandbArgs` (opened by the tracker), matched to the
+                Trainer's loggers by position.
 
         Metrics reach the loggers per round through the tracker only; a Trainer that kept them would open the W&B
         run at every client fit's setup (Lightning's ``_call_setup_hook``), racing the background opening, and
         warn once per client that its epoch has fewer batches than ``log_every_n_steps`` (advice that cannot be
         acted on: nothing is logged per step).
         """
-        tracker = cls(trainer.loggers)
+        specs = logger_config if isinstance(logger_config, list) else [logger_config]
+        loggers: list[Tracked] = list(trainer.loggers)
+        if len(specs) == len(loggers):
+            loggers = [_from_spec(spec, logger) for spec, logger in zip(specs, loggers)]
         trainer.loggers = []
-        return tracker
+        return cls(loggers)
 
     def start(self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None) -> None:
         """Open the experiments (continuing ``run_id`` on W&B) and log the config once."""
         config = config if run_id is None else None  # a resumed run logged its config already
         for logger in self.loggers:
-            if isinstance(logger, WandbLogger):
-                if run_id is not None and _offline(logger):
+            if isinstance(logger, (WandbArgs, WandbLogger)):
+                if run_id is not None and isinstance(logger, WandbArgs) and is_offline(logger.init_args):
                     # W&B writes another offline directory with the same id; its end-of-run hint names only
                     # that one, and syncing it alone (or before the first) scrambles the history (wandb_sync.py).
                     warnings.warn(resume_message(run_dir, run_id), WandbOfflineResumeWarning, stacklevel=2)
-                opening = _Opening(logger, run_dir, run_id, config)
-                if logger._offline:
-                    self._opening[id(logger)] = opening
+                if run_id is not None and isinstance(logger, WandbLogger) and logger.version != run_id:
+                    warnings.warn(
+                        f"the WandbLogger built in Python continues W&B run {logger.version!r}, not the resumed "
+                        f"run's {run_id!r}: give it id={run_id!r} (or name it in the config, trainer.logger)",
+                        stacklevel=2,
+                    )
+                opening = self._opening[id(logger)] = _Opening(logger, run_dir, run_id, config)
+                if isinstance(logger, WandbArgs) and is_offline(logger.init_args):
                     opening.start()
                 else:
                     opening.run()
@@ -78,18 +109,16 @@ class RoundTracker:
             elif config is not None:
                 logger.log_hyperparams(config)
 
-    def _wait(self, logger: Logger, raise_error: bool = True) -> None:
-        """Wait for the logger's background opening, if any, and raise what it raised (unless told not to)."""
-        opening = self._opening.pop(id(logger), None)
-        if opening is not None:
+    def _wandb(self, logger: Tracked, raise_error: bool = True) -> Any:
+        """The logger's W&B run once it is open (waiting for a background opening); raises what opening raised."""
+        opening = self._opening.get(id(logger))
+        if opening is None:
+            return None
+        if opening.is_alive():
             opening.join()
-            if raise_error:
-                opening.result()
-
-    def _wandb(self, logger: WandbLogger) -> Any:
-        """The logger's W&B run, once it is open."""
-        self._wait(logger)
-        return logger.experiment
+        if raise_error:
+            opening.result()
+        return opening.experiment
 
     def log_round(
         self, round_idx: int, metrics: dict[str, float], clients: tuple[list[str], list[list[Any]]] | None = None
@@ -105,7 +134,7 @@ class RoundTracker:
                 table itself (``clients/table``); other loggers take no tables (``metrics.csv`` has every row).
         """
         for logger in self.loggers:
-            if isinstance(logger, WandbLogger):
+            if isinstance(logger, (WandbArgs, WandbLogger)):
                 logged = {**metrics, **(client_media(*clients) if clients and clients[1] else {})}
                 # WandbLogger's own glob "*" (x-axis trainer/global_step) also matches these keys, and W&B picks
                 # one matching glob at random; a definition by exact name takes precedence over every glob.
@@ -119,21 +148,32 @@ class RoundTracker:
                 logger.log_metrics(metrics, step=round_idx)
 
     def finish(self, status: str = "success") -> None:
-        """Flush and close every logger."""
+        """Flush and close every logger (a W&B run this tracker opened is finished, with exit code 1 if failed)."""
         for logger in self.loggers:
-            self._wait(logger, raise_error=status == "success")  # a failed run's own error matters more
-            logger.finalize(status)
-            if isinstance(logger, WandbLogger) and logger._experiment is not None:
-                logger.experiment.finish()
-                logger._experiment = None
+            experiment = self._wandb(logger, raise_error=status == "success")  # a failed run's own error matters more
+            if isinstance(logger, Logger):
+                logger.finalize(status)
+            if experiment is not None and self._opening.pop(id(logger)).opened:
+                experiment.finish(exit_code=0 if status == "success" else 1)
 
     def run_id(self) -> str | None:
         """The W&B run id (what a checkpoint stores to continue the same run), if any."""
         for logger in self.loggers:
-            if isinstance(logger, WandbLogger):
-                self._wait(logger)
-                return logger.version
+            experiment = self._wandb(logger)
+            if experiment is not None:
+                return experiment.id
         return None
+
+
+def _from_spec(spec: Any, logger: Logger) -> Tracked:
+    """The Trainer's ``logger`` as the tracker keeps it: :class:`WandbArgs` where ``spec`` names a WandbLogger."""
+    if isinstance(logger, WandbLogger) and isinstance(spec, dict) and spec.get("class_path") in WANDB_CLASS_PATHS:
+        return WandbArgs({**(spec.get("init_args") or {}), **(spec.get("dict_kwargs") or {})})
+    return logger
+
+
+# The class paths of Lightning's own WandbLogger (a subclass of it is used as built: it may change what it does).
+WANDB_CLASS_PATHS = ("lightning.pytorch.loggers.WandbLogger", "lightning.pytorch.loggers.wandb.WandbLogger")
 
 
 CLIENT_TABLE_KEY = "clients/table"
@@ -163,28 +203,32 @@ def client_media(columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
 
 
 class _Opening(threading.Thread):
-    """Opens one W&B run (init arguments, the "round" x-axis, the config) and keeps what it raised.
+    """Opens one W&B run (init arguments, the "round" x-axis, the config) and keeps it, or what it raised.
 
     Args:
-        logger: The W&B logger.
+        logger: The W&B run's arguments, or a ``WandbLogger`` built in Python (its ``experiment`` is used).
         run_dir: The run directory (W&B's files go there unless the user chose a ``save_dir``).
         run_id: The W&B run id to continue (a resumed run), or None.
         config: The resolved config to log, or None.
 
     """
 
-    def __init__(self, logger: WandbLogger, run_dir: Path, run_id: str | None, config: dict[str, Any] | None):
+    def __init__(
+        self, logger: WandbArgs | WandbLogger, run_dir: Path, run_id: str | None, config: dict[str, Any] | None
+    ):
         super().__init__(name="wandb-open", daemon=True)
         self.logger, self.run_dir, self.run_id, self.config = logger, run_dir, run_id, config
+        self.experiment: Any = None
+        self.opened = False  # whether the run is this tracker's to finish (not a Python-built logger's)
         self.error: BaseException | None = None
 
     def run(self) -> None:
         """Open the run; an error is kept for :meth:`result` (a thread's exception would only be printed)."""
         try:
-            _prepare_wandb(self.logger, self.run_dir, self.run_id)
-            _record_offline_part(self.logger, self.run_dir)
+            self.experiment, self.opened = _open_wandb(self.logger, self.run_dir, self.run_id)
+            _record_offline_part(self.experiment, self.run_dir)
             if self.config is not None:
-                self.logger.log_hyperparams(self.config)
+                self.experiment.config.update(self.config, allow_val_change=True)
         except BaseException as err:  # noqa: BLE001 - re-raised in the thread that waits for the run
             self.error = err
 
@@ -194,38 +238,26 @@ class _Opening(threading.Thread):
             raise self.error
 
 
-def _prepare_wandb(logger: WandbLogger, run_dir: Path, run_id: str | None) -> None:
-    # WandbLogger creates its run lazily on first use, so its init arguments can still be set here.
-    if logger._experiment is None:
-        # WandbLogger passes anonymous=None to wandb.init, which W&B answers on every run with "The anonymous
-        # setting has no effect and will be removed"; leaving the key out keeps W&B's default, without the line.
-        if logger._wandb_init.get("anonymous") is None:
-            logger._wandb_init.pop("anonymous", None)
-        if logger._wandb_init.get("dir") in (None, "."):  # WandbLogger's default save_dir is "."
-            logger._wandb_init["dir"] = str(run_dir)
-            logger._save_dir = str(run_dir)
-        if run_id is not None:
-            logger._wandb_init.update(id=run_id, resume="allow")
-            logger._id = run_id
-    experiment = logger.experiment
+def _open_wandb(logger: WandbArgs | WandbLogger, run_dir: Path, run_id: str | None) -> tuple[Any, bool]:
+    """The open W&B run with "round" declared the x-axis of the round-level keys; True if opened here."""
+    if isinstance(logger, WandbArgs):
+        import wandb
+
+        experiment, opened = wandb.init(**wandb_init_args(logger.init_args, run_dir, run_id)), True
+    else:
+        experiment, opened = logger.experiment, False
     experiment.define_metric("round")
     for prefix in ROUND_PREFIXES:
         experiment.define_metric(f"{prefix}/*", step_metric="round")
+    return experiment, opened
 
 
-def _offline(logger: WandbLogger) -> bool:
-    """Whether the logger's run will be offline (its own flag, or W&B's ``WANDB_MODE``), before it is opened."""
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    return mode != "disabled" and (logger._offline or mode in ("offline", "dryrun"))
-
-
-def _record_offline_part(logger: WandbLogger, run_dir: Path) -> None:
-    """List an opened offline run's transaction log in the run directory, for ``python -m fl_lightning.wandb_sync``.
+def _record_offline_part(experiment: Any, run_dir: Path) -> None:
+    """List an opened offline run's transaction log in the run directory, for ``fl_lightning.tools.wandb_sync``.
 
     The record finds a part also where the user's ``save_dir`` put it, and tells a deleted part from one never
     written; the helper still finds parts in ``<run dir>/wandb`` without it.
     """
-    experiment = logger._experiment
-    if experiment is None or not getattr(experiment, "offline", False):  # disabled, online, or an old wandb
+    if not getattr(experiment, "offline", False):  # disabled, online, or an old wandb
         return
     record_part(run_dir, Path(experiment.settings.sync_file), experiment.id)

@@ -21,14 +21,9 @@ from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.errors import StopFederation
 from fl_lightning.ops import RunningWeightedMean, aggregation_weights, clone_state
+from fl_lightning.ops.rng import rng_state, set_rng_state
 from fl_lightning.outputs import collapse, records
-from fl_lightning.outputs.checkpoint import (
-    ClientStateStore,
-    checkpoint_path,
-    rng_state,
-    set_rng_state,
-    write_round_checkpoint,
-)
+from fl_lightning.outputs.checkpoint import ClientStateStore, checkpoint_path, write_round_checkpoint
 from fl_lightning.outputs.report import RoundReporter
 from fl_lightning.outputs.round_record import RoundRecord
 from fl_lightning.outputs.run_dir import RunDirectory, json_safe
@@ -56,7 +51,8 @@ class Federation(Server):
             :func:`fl_lightning.engines.local.local_federation`), so the server never builds a client.
         seed: Seed of client sampling and peer-to-peer order (the run's ``seed_everything``).
         config_text: Resolved config to save in the run directory.
-        config_dict: Resolved config for the loggers.
+        config_dict: Resolved config for the loggers (its ``trainer.logger`` says how the W&B run is opened:
+            :meth:`~fl_lightning.outputs.tracking.RoundTracker.take_from`).
         reporter: Terminal output (default: Rich, enabled by ``config.progress``).
 
     """
@@ -75,7 +71,8 @@ class Federation(Server):
     ) -> None:
         super().__init__(config, module, datamodule, trainer, transport, seed)
         self.config_text, self.config_dict = config_text, config_dict
-        self.tracker = RoundTracker.take_from(trainer)
+        logger_config = (config_dict or {}).get("trainer", {}).get("logger")
+        self.tracker = RoundTracker.take_from(trainer, logger_config)
         self.reporter = reporter or RoundReporter.from_config(config)
         self.client_store = ClientStateStore()  # the clients' states beside the checkpoints (fresh on resume)
         self.run_dir: RunDirectory | None = None

@@ -6,22 +6,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fl_lightning.ops.sampling import num_selected
+
 if TYPE_CHECKING:
     from fl_lightning.config import FederationConfig
-
-
-def num_selected(num_clients: int, fraction: float, count: int | None) -> int:
-    """How many clients train per round: ``count`` if given, else round(fraction · N), at least 1.
-
-    Raises:
-        ValueError: If ``count`` exceeds the number of clients.
-
-    """
-    if count is not None:
-        if count > num_clients:
-            raise ValueError(f"federation.clients_per_round={count} exceeds the {num_clients} clients in the data")
-        return count
-    return max(1, min(num_clients, round(fraction * num_clients)))
 
 
 def select_clients(client_ids: list[str], round_idx: int, seed: int, k: int) -> list[str]:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import logging
+import re
 import sys
 import types
 from collections.abc import Sequence
@@ -33,14 +35,30 @@ log = logging.getLogger(__name__)
 # (train.py, its --help, each torchrun rank, each Flower SuperNode and Simulation Engine actor).
 PACKAGE = "torchmetrics"
 DEFERRED = "scipy.signal"
+#: The last torchmetrics release whose package import loads ``scipy.signal`` for the SRMRpy alias (torchmetrics
+#: issue #3457, open in 2026-12; 1.9.0 still has it). A later release turns the workaround off: if it still
+#: imports scipy.signal, processes start slower but nothing else changes; raise this after checking it.
+LAST_AFFECTED = (1, 9)
+
+
+def affected(version: str) -> bool:
+    """Whether a torchmetrics ``version`` (``"1.9.0"``, ``"1.10.0rc1"``) is one the workaround is for."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found.group(1)), int(found.group(2))) <= LAST_AFFECTED
 
 
 def install() -> None:
     """Defer ``scipy.signal`` past the first import of torchmetrics (once per process; a no-op afterwards).
 
-    Nothing is installed when torchmetrics or ``scipy.signal`` is already imported.
+    Nothing is installed when torchmetrics or ``scipy.signal`` is already imported, or for a torchmetrics release
+    after :data:`LAST_AFFECTED` (or none installed).
     """
     if PACKAGE in sys.modules or DEFERRED in sys.modules:
+        return
+    try:
+        if not affected(importlib.metadata.version(PACKAGE)):
+            return
+    except importlib.metadata.PackageNotFoundError:
         return
     if not any(isinstance(finder, _TorchmetricsFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _TorchmetricsFinder())

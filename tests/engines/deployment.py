@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fl_lightning.startup.early_ranks import free_port
+from fl_lightning.engines.local_ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

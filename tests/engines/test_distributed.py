@@ -19,8 +19,10 @@ import pytest
 
 from fl_lightning.cli import main
 from fl_lightning.engines import distributed
+from fl_lightning.engines.local_ranks import free_port
 from fl_lightning.outputs.checkpoint import checkpoint_path
 from tests.anchors.runs import RUNS, describe, run_args
+from tests.engines.torchrun_stand_in import spawn
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["--federation.quiet=true"]
@@ -62,7 +64,7 @@ def resume_args(out: Path, name: str, *extra: str) -> list[str]:
 
 def run_on_two_ranks(jobs: list[list[str]]) -> None:
     """Spawn 2 ranks once; each runs ``jobs`` in turn, every run in its own process group (its own port)."""
-    distributed.spawn(_run_jobs, 2, ([(argv, distributed.free_port()) for argv in jobs],))
+    spawn(_run_jobs, 2, ([(argv, free_port()) for argv in jobs],))
 
 
 def _run_jobs(jobs: list[tuple[list[str], int]]) -> None:
@@ -92,7 +94,7 @@ def runs(tmp_path_factory):
     jobs.append(resume_args(root, "one-two", "--federation.resume=last"))
     run_on_two_ranks(jobs)
     main(resume_args(root, "two-one", "--federation.resume=last"))
-    # The command line's own path: train.py is rank 0 and starts rank 1 before it imports anything.
+    # The command line's own path: train.py parses the config, starts rank 1 and is rank 0 (local_ranks.py).
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *resume_args(root, "train-py-two"),
                            "--federation.workers=2"], cwd=REPO, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -175,14 +177,13 @@ def test_runtime_state_splits_by_owner_and_merges_back():
     assert distributed.merge_runtime_states(parts) == state
 
 
-# train.py starts rank 1 itself and is rank 0 (early_ranks.py); main() called by a program spawns both ranks.
-ENTRIES = {"train.py": ([str(REPO / "train.py")], b"train.py", 1), "main()": (
-    ["-c", "from fl_lightning.cli import main; main()"], b"spawn_main", 2)}  # fmt: skip
+# Both entry points are rank 0 and start rank 1 with the one launcher (local_ranks.py).
+ENTRIES = {"train.py": [str(REPO / "train.py")], "main()": ["-c", "from fl_lightning.cli import main; main()"]}
 
 
 @pytest.mark.parametrize("entry", list(ENTRIES))
 def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_path, entry):
-    command, rank_marker, spawned = ENTRIES[entry]
+    command = ENTRIES[entry]
     args = [*resume_args(tmp_path, "killed", "--federation.rounds=8", "--federation.local_epochs=3",
             "--data.max_samples_per_client=60"), "--federation.workers=2", "--federation.rank_timeout=30"]  # fmt: skip
     proc = subprocess.Popen(
@@ -197,8 +198,8 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_pa
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.1)
         children = sorted(int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split())
-        ranks = [p for p in children if rank_marker in Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(ranks) == spawned, children
+        ranks = [p for p in children if b"fl_lightning local rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(ranks) == 1, children
         os.kill(ranks[-1], signal.SIGKILL)  # rank 1 (spawned last)
         killed_at = time.monotonic()
         err = proc.communicate(timeout=60)[1].decode()

@@ -1,4 +1,5 @@
-"""A rank's GPU comes from the parsed config: ``federation.workers_per_device`` from YAML, ``--key value`` or ``=``."""
+"""Ranks come from the parsed config: ``federation.workers`` and ``workers_per_device`` from YAML, ``--key value``
+or ``--key=value``."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ class ParseOnly(FederatedCLI):
         raise Parsed(self.config)
 
 
-def start(cli_class: type[FederatedCLI], argv: list[str]):
+def start(cli_class: type[FederatedCLI], argv: list[str], launch_argv: list[str] | None = None):
     """``cli_class`` on ``argv`` with build_cli's settings (its subclass stops it with :class:`Parsed`)."""
     with pytest.raises(Parsed) as caught:
         cli_class(
+            launch_argv=launch_argv,
             model_class=cli.ClientModule, datamodule_class=cli.FederatedDataModule, subclass_mode_model=True,
             subclass_mode_data=True, run=False, args=argv, trainer_defaults=cli.TRAINER_DEFAULTS,
             save_config_callback=None, auto_configure_optimizers=False,
@@ -67,3 +69,43 @@ def test_the_cli_gives_a_cuda_rank_its_gpu_before_the_trainer_is_built(monkeypat
     monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: True)  # no GPU here: the test stands in for one
     start(Capture, ["--federation.workers_per_device", "2"])
     assert seen["devices"] == [1]
+
+
+class Built(FederatedCLI):
+    """Stops right before instantiating, after before_instantiate_classes ran."""
+
+    def instantiate_classes(self) -> None:
+        raise Parsed(self)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The calls of the launcher (none started), outside any rank."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    calls = []
+    monkeypatch.setattr(cli.local_ranks, "start", lambda argv, workers: calls.append((argv, workers)))
+    return calls
+
+
+@pytest.mark.parametrize("form", ["yaml", "space", "equals"])
+def test_workers_start_the_local_ranks_from_the_parsed_config_in_every_form(tmp_path, form, launches):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("federation:\n  workers: 2\n")
+    argv = {
+        "yaml": ["--config", str(yaml_file)],
+        "space": ["--federation.workers", "2"],
+        "equals": ["--federation.workers=2"],
+    }[form]
+    start(Built, argv, launch_argv=argv)
+    assert launches == [(argv, 2)]
+
+
+def test_no_ranks_start_for_one_worker_without_a_launch_or_on_a_rank(launches, monkeypatch):
+    start(Built, ["--federation.workers=1"], launch_argv=["--federation.workers=1"])
+    start(Built, ["--federation.workers=2"])  # a build that is not the run's own (the serialized runtime's)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    built = start(Built, ["--federation.workers=2"], launch_argv=["--federation.workers=2"])  # under torchrun
+    assert launches == []
+    assert built.rank == (1, 2, 0) and "RANK" not in cli.os.environ  # hidden from the Trainer about to be built

@@ -196,6 +196,43 @@ def test_the_owner_finder_can_fail():
     assert owners(graph) == {"fl_lightning.gan": "feder", "fl_lightning.helper": "feder", "fl_lightning.shared": None}
 
 
+# What a method file may import of ours: the contract (callback.py and its errors), the messages, ops/, models/, the
+# callbacks' shared checks, the data layer's base, and its own folder. DDI's nested federation (a federation per
+# cluster, server and runtimes included) is the one exception; FedER's privacy audit is a command that reads a run
+# directory, not a method file.
+METHOD_MAY_IMPORT = ("fl_lightning.callback", "fl_lightning.errors", "fl_lightning.wire.protocol", "fl_lightning.ops",
+                     "fl_lightning.models")  # fmt: skip
+NESTED_FEDERATION = {"callbacks.ddi.cluster_selector", "callbacks.ddi.domain_isolation"}
+COMMANDS = {"callbacks.feder.privacy_audit"}
+
+
+def method_import_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """``<method module> imports <module>`` for every import a method file may not make."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        if not module.startswith("callbacks") or module in SHARED | NESTED_FEDERATION | COMMANDS:
+            continue
+        for dep in sorted(deps):
+            own_folder = method_of(dep) is not None and method_of(dep) == method_of(module)
+            if not (under(dep, *METHOD_MAY_IMPORT) or dep in SHARED or dep in DATA_BASE or own_folder):
+                found.append(f"{module} imports {dep}")
+    return found
+
+
+def test_method_files_import_only_the_contract_messages_ops_models_and_shared_checks():
+    assert method_import_breaches(import_graph()) == []
+
+
+def test_the_method_import_rule_can_fail():
+    graph = {"callbacks.fedx": {"fl_lightning.callback", "fl_lightning.server.selection", "callbacks.scaffold"},
+             "callbacks.feder.a": {"callbacks.feder.b", "fl_lightning.ops.replay", "datamodules.sampler"},
+             "callbacks.ddi.cluster_selector": {"fl_lightning.server.federation"}}  # fmt: skip
+    assert method_import_breaches(graph) == [
+        "callbacks.fedx imports callbacks.scaffold",
+        "callbacks.fedx imports fl_lightning.server.selection",
+    ]
+
+
 def test_the_walk_can_fail(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from callbacks.scaffold import Scaffold\n")
@@ -294,15 +331,64 @@ LIGHTNING_HOOKS = {"on_train_start", "on_train_end", "on_train_epoch_start", "on
                    "on_before_backward", "on_after_backward", "on_before_optimizer_step"}  # fmt: skip
 
 
+# Private names of other packages we still read, each with its reason (a new one fails the test).
+FOREIGN_PRIVATE_ALLOWED = {
+    # The docs build's config reference lists every key the parser knows; jsonargparse (like argparse) offers no
+    # public list of a parser's arguments. Only the docs build runs it, never a training run.
+    ("fl_lightning/tools/config_reference.py", "_actions"),
+}
+
+
 def source_files() -> list[Path]:
     paths = [REPO / s for s in SOURCES]
     return sorted(p for path in paths for p in ([path] if path.is_file() else path.rglob("*.py")))
 
 
-def contract_breaches(paths: list[Path]) -> list[str]:
-    """Assignments to ``__class__`` or a ``training_step``, private CPython names, hooks called by hand, ``os._exit``.
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
-    ``os._exit`` is allowed only in ``early_ranks.py``: the launcher's failure path (rank 0 blocked for good).
+
+def own_private_names(paths: list[Path]) -> set[str]:
+    """The private names our code defines: functions, classes, variables, arguments, ``self._x``/``cls._x``."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    names.add(node.attr)
+    return {n for n in names if is_private(n)}
+
+
+def foreign_private_reads(paths: list[Path], own: set[str]) -> list[str]:
+    """Private names of other packages read or imported (``logger._experiment``, ``from torch.x._utils import y``)."""
+    found = []
+    for path in paths:
+        where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and is_private(node.attr) and node.attr not in own:
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if node.attr == "_exit" or (str(where), node.attr) in FOREIGN_PRIVATE_ALLOWED:
+                    continue  # os._exit: checked on its own
+                found.append(f"{where}:{node.lineno}: reads the private {node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level and not ours(node.module):
+                names = [*node.module.split("."), *(a.name for a in node.names)]
+                if any(is_private(n) for n in names):
+                    found.append(f"{where}:{node.lineno}: imports a private name from {node.module}")
+    return found
+
+
+def contract_breaches(paths: list[Path]) -> list[str]:
+    """Assignments to ``__class__`` or a ``training_step``, hooks called by hand, ``os._exit``, and private names of
+    other packages (CPython, Lightning, torch, W&B ...) read or imported.
+
+    ``os._exit`` is allowed only in ``local_ranks.py``: the launcher's failure path (rank 0 blocked for good).
     """
     found = []
     for path in paths:
@@ -314,23 +400,32 @@ def contract_breaches(paths: list[Path]) -> list[str]:
                     if isinstance(t, ast.Attribute) and t.attr in ("__class__", "training_step"):
                         found.append(f"{where}:{node.lineno}: assigns {t.attr}")
             elif isinstance(node, ast.Attribute):
-                if node.attr in ("_ncallbacks", "_run_exitfuncs"):
-                    found.append(f"{where}:{node.lineno}: reads {node.attr}")
-                if node.attr == "_exit" and path.name != "early_ranks.py":
+                if node.attr == "_exit" and path.name != "local_ranks.py":
                     found.append(f"{where}:{node.lineno}: os._exit")
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 owner = node.func.value  # super().hook(...) inside an override is Lightning's own call going on
                 is_super = isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
                 if node.func.attr in LIGHTNING_HOOKS and not is_super:
                     found.append(f"{where}:{node.lineno}: calls the hook {node.func.attr} by hand")
+    found += foreign_private_reads(paths, own_private_names(source_files()))
     return sorted(found, key=lambda b: (b.split(":")[0], int(b.split(":")[1])))
 
 
-def test_nothing_forks_lightning_or_reads_private_names_of_cpython():
+def test_nothing_forks_lightning_or_reads_private_names_of_other_packages():
     assert contract_breaches(source_files()) == []
     for gone in ("fl_lightning/runtime/round_fit.py", "fl_lightning/startup/quick_exit.py",
-                 "fl_lightning/startup/lean_wandb.py"):  # fmt: skip
+                 "fl_lightning/startup/lean_wandb.py", "fl_lightning/startup/early_ranks.py"):  # fmt: skip
         assert not (REPO / gone).exists(), gone
+
+
+def test_one_function_launches_local_ranks():
+    # Popen of a rank and multiprocessing's spawn: only in the launcher (torchrun, Flower and Ray start their own).
+    launchers = []
+    for path in source_files():
+        text = path.read_text()
+        if "subprocess.Popen(" in text and "RANK" in text or "start_processes(" in text or "mp.spawn(" in text:
+            launchers.append(str(path.relative_to(REPO)))
+    assert launchers == ["fl_lightning/engines/local_ranks.py"]
 
 
 def test_the_contract_check_can_fail(tmp_path):
@@ -341,11 +436,12 @@ def test_the_contract_check_can_fail(tmp_path):
         "module.training_step = step\n"
         "n = atexit._ncallbacks()\n"
         "os._exit(0)\n"
+        "from torch.utils.data._utils.collate import default_collate\n"
         "callback.on_train_start(trainer, module)\n"
         "super().on_train_start(trainer, module)\n"
     )
     breaches = contract_breaches([bad])
     assert [b.split(": ", 1)[1] for b in breaches] == [
-        "assigns __class__", "assigns training_step", "reads _ncallbacks", "os._exit",
-        "calls the hook on_train_start by hand",
+        "assigns __class__", "assigns training_step", "reads the private _ncallbacks", "os._exit",
+        "imports a private name from torch.utils.data._utils.collate", "calls the hook on_train_start by hand",
     ]  # fmt: skip

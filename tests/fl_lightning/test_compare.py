@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fl_lightning import compare
-from fl_lightning.compare import CompareRefused, load_run, main, method_name
+from fl_lightning.tools import compare
+from fl_lightning.tools.compare import CompareRefused, load_run, main, method_name
 
 CLASSIFIER = "fl_lightning.clients.ClassificationClient"
 SEGMENTER = "fl_lightning.clients.SegmentationClient"

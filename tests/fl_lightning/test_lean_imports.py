@@ -98,3 +98,25 @@ def test_install_does_nothing_once_torchmetrics_is_loaded() -> None:
     before = list(sys.meta_path)
     lean_imports.install()
     assert sys.meta_path == before
+
+
+def test_the_workaround_is_for_the_torchmetrics_releases_of_the_issue_only() -> None:
+    assert lean_imports.affected("1.9.0") and lean_imports.affected("1.8.2") and lean_imports.affected("1.9.1.post1")
+    assert not lean_imports.affected("1.10.0") and not lean_imports.affected("2.0.0rc1")
+    assert not lean_imports.affected("dev")
+
+
+def test_a_torchmetrics_release_after_the_last_affected_one_gets_no_workaround() -> None:
+    # What "fixed upstream" looks like: a newer torchmetrics; importing Lightning then loads scipy.signal as usual.
+    got = _run(
+        """
+        import importlib.metadata as metadata, json
+        real = metadata.version
+        metadata.version = lambda name: "1.10.0" if name == "torchmetrics" else real(name)
+        from fl_lightning.startup import lean_imports  # importing fl_lightning runs install()
+        import lightning.pytorch
+        finder = any(isinstance(f, lean_imports._TorchmetricsFinder) for f in sys.meta_path)
+        print(json.dumps({"signal": "scipy.signal" in sys.modules, "finder": finder}))
+        """
+    )
+    assert got == {"signal": True, "finder": False}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fl_lightning.cli import main as train
-from fl_lightning.membership_audit import (
+from fl_lightning.tools.membership_audit import (
     SUMMARY_KEY,
     attack_metrics,
     audit,
@@ -20,7 +20,7 @@ from fl_lightning.membership_audit import (
     balanced_indices,
     class_calibrated_scores,
 )
-from fl_lightning.membership_audit import main as audit_main
+from fl_lightning.tools.membership_audit import main as audit_main
 
 
 # ------------------------------------------------------------------------------------------------ references

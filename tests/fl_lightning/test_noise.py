@@ -8,11 +8,12 @@ import warnings
 import lightning as L
 import pytest
 from lightning.fabric.utilities.warnings import PossibleUserWarning
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger
 
 from fl_lightning import FederationConfig, local_federation
 from fl_lightning.cli import TRAINER_DEFAULTS
-from fl_lightning.outputs.tracking import RoundTracker, _prepare_wandb
+from fl_lightning.outputs.tracking import RoundTracker, WandbArgs
+from fl_lightning.outputs.wandb_init import wandb_init_args
 from tests.conftest import tiny_data, tiny_model
 
 
@@ -47,8 +48,7 @@ def offline_wandb(monkeypatch):
 
 
 def test_wandb_does_not_print_the_anonymous_setting_line(tmp_path, capfd, offline_wandb):
-    logger = WandbLogger(offline=True, project="fl_lightning_test")  # as the CLI's default logger
-    tracker = RoundTracker([logger])
+    tracker = RoundTracker([WandbArgs(dict(TRAINER_DEFAULTS["logger"]["init_args"]))])  # the CLI's default logger
     tracker.start(tmp_path, {"seed": 0})
     tracker.log_round(1, {"eval/global/acc": 0.5})
     tracker.finish()
@@ -57,16 +57,6 @@ def test_wandb_does_not_print_the_anonymous_setting_line(tmp_path, capfd, offlin
     assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))  # the run itself was still written
 
 
-def test_an_explicit_anonymous_choice_is_kept(tmp_path, monkeypatch):
-    class Stop(Exception):
-        pass
-
-    def stop(self):
-        raise Stop
-
-    # stop at the first use of the experiment: only the init arguments are of interest here
-    monkeypatch.setattr(WandbLogger, "experiment", property(stop))
-    logger = WandbLogger(offline=True, anonymous=True)
-    with pytest.raises(Stop):
-        _prepare_wandb(logger, tmp_path, None)
-    assert logger._wandb_init["anonymous"] == "allow"
+def test_an_explicit_anonymous_choice_is_kept(tmp_path):
+    assert wandb_init_args({"anonymous": True}, tmp_path)["anonymous"] == "allow"
+    assert "anonymous" not in wandb_init_args({"anonymous": None}, tmp_path)

@@ -214,8 +214,6 @@ def test_many_clients_log_a_table_and_histograms_instead_of_per_client_keys(tmp_
 
 def test_offline_wandb_opens_in_the_background_and_its_error_reaches_the_first_log(tmp_path, monkeypatch):
     """Offline: start() returns before W&B is open; a failure to open it is raised where the run is first needed."""
-    from lightning.pytorch.loggers import WandbLogger
-
     from fl_lightning.outputs import tracking
 
     opened = []
@@ -224,29 +222,28 @@ def test_offline_wandb_opens_in_the_background_and_its_error_reaches_the_first_l
         opened.append(run_dir)
         raise RuntimeError("the W&B service did not start")
 
-    monkeypatch.setattr(tracking, "_prepare_wandb", slow_failure)
-    tracker = tracking.RoundTracker([WandbLogger(offline=True, save_dir=str(tmp_path))])
+    monkeypatch.setattr(tracking, "_open_wandb", slow_failure)
+    tracker = tracking.RoundTracker([tracking.WandbArgs({"offline": True, "save_dir": str(tmp_path)})])
     tracker.start(tmp_path, {"a": 1})  # does not raise: opening happens in its own thread
     with pytest.raises(RuntimeError, match="did not start"):
         tracker.log_round(1, {"eval/global/acc": 0.5})
     assert opened == [tmp_path]
 
-    failed = tracking.RoundTracker([WandbLogger(offline=True, save_dir=str(tmp_path))])
+    failed = tracking.RoundTracker([tracking.WandbArgs({"offline": True, "save_dir": str(tmp_path)})])
     failed.start(tmp_path, {"a": 1})
     failed.finish("failed")  # the run's own error is being raised: the logger's does not replace it
 
 
 def test_online_wandb_opens_before_the_first_round(tmp_path, monkeypatch):
     """Online: a login or network error stops the run in start(), before any training."""
-    from lightning.pytorch.loggers import WandbLogger
-
+    monkeypatch.delenv("WANDB_MODE")  # online for the tracker (opening it is replaced: nothing reaches the network)
     from fl_lightning.outputs import tracking
 
     def failure(logger, run_dir, run_id):
         raise RuntimeError("wandb.errors.CommError: not logged in")
 
-    monkeypatch.setattr(tracking, "_prepare_wandb", failure)
-    tracker = tracking.RoundTracker([WandbLogger(offline=False, save_dir=str(tmp_path))])
+    monkeypatch.setattr(tracking, "_open_wandb", failure)
+    tracker = tracking.RoundTracker([tracking.WandbArgs({"offline": False, "save_dir": str(tmp_path)})])
     with pytest.raises(RuntimeError, match="not logged in"):
         tracker.start(tmp_path, {"a": 1})
 

@@ -1,4 +1,4 @@
-"""A resumed offline W&B run: the warning at resume, and ``fl_lightning.wandb_sync`` uploading it as one run.
+"""A resumed offline W&B run: the warning at resume, and ``fl_lightning.tools.wandb_sync`` uploading it as one run.
 
 The upload itself is checked with the installed ``wandb sync`` against a small recording fake of the W&B backend
 (GraphQL and file stream on 127.0.0.1), since no test reaches W&B's servers.
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2 as pb
 
-from fl_lightning import wandb_sync
 from fl_lightning.cli import main
 from fl_lightning.outputs.tracking import WandbOfflineResumeWarning
+from fl_lightning.tools import wandb_sync
 from tests.test_configs import TINY
 from tests.wandb_offline import read_records
 
@@ -66,7 +66,7 @@ def test_resuming_offline_says_how_to_upload_and_the_helper_plans_the_parts_in_o
     # ... and the terminal said, once, what to run
     (message,) = resumed[1]
     run_id = files[0].name.removeprefix("run-").removesuffix(".wandb")
-    assert f"python -m fl_lightning.wandb_sync {resumed[0]}" in message and run_id in message
+    assert f"python -m fl_lightning.tools.wandb_sync {resumed[0]}" in message and run_id in message
     recorded = json.loads((run_dir / wandb_sync.RECORD).read_text())
     assert [run_dir / p["file"] for p in recorded] == files and {p["run_id"] for p in recorded} == {run_id}
 

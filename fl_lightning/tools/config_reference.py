@@ -112,7 +112,7 @@ def undocumented(parts: Sections) -> list[str]:
 INTRO = """# Config reference
 
 Every key `python train.py` accepts, generated as its parser reads them (the docs build writes this page with
-`fl_lightning.config_reference`). A config file nests the keys (`federation: {rounds: 20}`); on the command line
+`fl_lightning.tools.config_reference`). A config file nests the keys (`federation: {rounds: 20}`); on the command line
 they are dotted (`--federation.rounds=20`). `model` and `data` name a class (`class_path`) and its arguments
 (`init_args`; on the command line `--data.alpha=0.1`); `trainer.callbacks` is the list of methods.
 `seed_everything` (default 0) seeds everything; the remaining `trainer.*` keys are

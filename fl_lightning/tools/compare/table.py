@@ -18,7 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fl_lightning.compare.runs import (
+from fl_lightning.outputs.report import natural_width
+from fl_lightning.tools.compare.runs import (
     IGNORED,
     CompareRefused,
     Run,
@@ -26,7 +27,6 @@ from fl_lightning.compare.runs import (
     check_unique_seeds,
     group_by_method,
 )
-from fl_lightning.outputs.report import natural_width
 
 # The table's value columns: name, header, and where the value sits in summary.json (model or "pooled", statistic).
 COLUMNS: tuple[tuple[str, str, str, str | None], ...] = (

@@ -1,8 +1,8 @@
-"""Compare finished runs method by method over seeds: ``python -m fl_lightning.compare RUN_DIR [RUN_DIR ...]``.
+"""Compare finished runs method by method over seeds: ``python -m fl_lightning.tools.compare RUN_DIR [RUN_DIR ...]``.
 
 Usage::
 
-    python -m fl_lightning.compare runs/fedavg-s0 runs/fedavg-s1 runs/fedbn-s0 runs/fedbn-s1 [--out comparison]
+    python -m fl_lightning.tools.compare runs/fedavg-s0 runs/fedavg-s1 runs/fedbn-s0 runs/fedbn-s1 [--out comparison]
         [--metric acc] [--allow model.init_args.norm]
 
 Each run directory must hold the ``config.yaml`` and ``summary.json`` of a finished run (``rounds.csv`` too for the
@@ -14,9 +14,9 @@ many seeds collapsed (:mod:`.table`). The table is printed and written to ``--ou
 (:mod:`.figure`); :mod:`.cli` is the command.
 """
 
-from fl_lightning.compare.cli import main, write_outputs
-from fl_lightning.compare.figure import plot_curves
-from fl_lightning.compare.runs import (
+from fl_lightning.tools.compare.cli import main, write_outputs
+from fl_lightning.tools.compare.figure import plot_curves
+from fl_lightning.tools.compare.runs import (
     IGNORED,
     CompareRefused,
     Run,
@@ -27,7 +27,7 @@ from fl_lightning.compare.runs import (
     load_run,
     method_name,
 )
-from fl_lightning.compare.table import compare, default_metric, markdown, rich_table, table_rows
+from fl_lightning.tools.compare.table import compare, default_metric, markdown, rich_table, table_rows
 
 __all__ = [
     "IGNORED",

@@ -24,7 +24,7 @@ so the number is coarse on small data).
 Classification runs only (``ClassificationClient``); a segmentation run is refused. Runs with sample-level model
 groups (one client training several models on parts of its data) are refused too::
 
-    python -m fl_lightning.membership_audit RUN_DIR [--model global|personal] [--max-samples N] [--write]
+    python -m fl_lightning.tools.membership_audit RUN_DIR [--model global|personal] [--max-samples N] [--write]
 
 ``--write`` adds the result to the run's ``summary.json`` under ``membership_audit`` (atomically; the rest of the
 file is unchanged).
@@ -434,7 +434,7 @@ def format_table(result: dict[str, Any], budget: dict[str, float] | None = None)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m fl_lightning.membership_audit RUN_DIR``; prints the table and returns the result."""
+    """``python -m fl_lightning.tools.membership_audit RUN_DIR``; prints the table and returns the result."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="run directory (config.yaml and checkpoints/)")
     parser.add_argument("--model", choices=("global", "personal"), default="global", help="which final model")

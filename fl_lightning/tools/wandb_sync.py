@@ -1,4 +1,4 @@
-"""Upload a resumed offline W&B run as one W&B run with one history: ``python -m fl_lightning.wandb_sync RUN_DIR``.
+"""Upload a resumed offline W&B run as one W&B run, one history: ``python -m fl_lightning.tools.wandb_sync RUN_DIR``.
 
 W&B cannot reopen an offline run: each start of a run (the first one and every resume) writes its own
 ``wandb/offline-run-<time>-<id>`` directory with the same run id (the transaction log is opened with ``O_EXCL``,
@@ -45,7 +45,7 @@ from typing import Any
 # Written into the run directory by fl_lightning.outputs.tracking: one entry per offline W&B part of the run.
 RECORD = "wandb_offline_parts.json"
 TRIMMED = "fl_lightning-trimmed"  # under the wandb folder: one level too deep for a plain `wandb sync <wandb dir>`
-COMMAND = "python -m fl_lightning.wandb_sync"
+COMMAND = "python -m fl_lightning.tools.wandb_sync"
 
 # W&B's transaction log (wandb-core leveldb.NewWriterExt with CRCAlgoIEEE): a 7-byte header, then LevelDB-log
 # chunks in 32 KiB blocks, each with a CRC-32 (IEEE) of its type byte and payload, its length and its type.

@@ -1,4 +1,4 @@
-"""Compare finished runs method by method over seeds: ``python -m fl_lightning.compare RUN_DIR [RUN_DIR ...]``.
+"""Compare finished runs method by method over seeds: ``python -m fl_lightning.tools.compare RUN_DIR [RUN_DIR ...]``.
 
 The command's arguments, the printed table and the files written into ``--out``.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 from rich.console import Console
 
-from fl_lightning.compare.figure import plot_curves
-from fl_lightning.compare.runs import CompareRefused, load_run
-from fl_lightning.compare.table import compare, markdown, print_line, print_table
+from fl_lightning.tools.compare.figure import plot_curves
+from fl_lightning.tools.compare.runs import CompareRefused, load_run
+from fl_lightning.tools.compare.table import compare, markdown, print_line, print_table
 
-COMMAND = "python -m fl_lightning.compare"
+COMMAND = "python -m fl_lightning.tools.compare"
 DEFAULT_OUT = Path("comparison")
 
 

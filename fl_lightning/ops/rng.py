@@ -1,0 +1,48 @@
+"""The process's global random generators (Python, NumPy, torch CPU and CUDA): capture and restore.
+
+A checkpoint stores them so a resume draws what the uninterrupted run drew; a method that must not disturb the
+run's draws (local fine-tuning's evaluation-time passes) brackets its own with them.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) global RNG states as weights-only-loadable objects."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    """Lists back to tuples, recursively (``random.setstate`` insists on tuples)."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
