@@ -12,7 +12,9 @@
 #   2. W1 (the shared bench's workload) on the device, whole process and rounds, interleaved over $REPEATS:
 #      train.py (`--trainer.accelerator=gpu`) and pfl-research (PFL_PYTORCH_DEVICE=cuda), with the raw loop,
 #      which the shared bench keeps on the CPU, as the reference;
-#   3. benchmarks/distributed.py --device cuda: 100 small-CNN clients on 1, 2, 4 and 8 ranks sharing the GPU.
+#   3. benchmarks/medical_speed.py --device cuda: the medical-size workload (UNet, 128 px, 4 clients), the raw loop
+#      and train.py on the GPU, whole processes, interleaved over $REPEATS;
+#   4. benchmarks/distributed.py --device cuda: 100 small-CNN clients on 1, 2, 4 and 8 ranks sharing the GPU.
 #
 # `prepare` copies ../shared/bench into shared/bench (a shared/ folder inside the checkout travels) and downloads,
 # as Python 3.12 wheels into .whl/, the packages the GPU image lacks (the image has torch, Lightning, torchmetrics,
@@ -75,6 +77,9 @@ print(f'WALL {time.perf_counter() - t:.2f} s'); sys.exit(rc)")
 print(f'RESULT rounds {sum(t):.2f} s, rounds 2+ {sum(t[1:]):.2f} s')" "$w1_dir/r$rep/rounds.csv" \
             | tee -a "$out/w1_fl_$rep.txt"
     done
+    local medical=(--repeats "$repeats")
+    [ -n "${QUICK:-}" ] && medical=(--repeats 1 --rounds 1 --image-size 32 --local-epochs 1)
+    step medical "$py" benchmarks/medical_speed.py --python "$py" --device "$device" "${medical[@]}"
     if [ "$device" = cuda ]; then
         step ranks "$py" benchmarks/distributed.py --device cuda --clients "$clients" --rounds "$cuda_rounds" \
             --ranks 1 2 4 8 --repeats 1

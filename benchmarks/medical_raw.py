@@ -63,6 +63,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None, help="overrides federation.rounds")
     parser.add_argument("--image-size", type=int, default=None, help="overrides data.init_args.image_size")
     parser.add_argument("--local-epochs", type=int, default=None, help="overrides federation.local_epochs")
+    parser.add_argument("--device", default="cpu", help="where to train and evaluate (cpu, cuda)")
     return parser.parse_args()
 
 
@@ -98,13 +99,14 @@ def build(config: dict[str, Any]) -> tuple[FederatedDataModule, Any, float]:
 
 
 def train_client(
-    net: nn.Module, loader: torch.utils.data.DataLoader, epochs: int, lr: float, dice_weight: float
+    net: nn.Module, loader: torch.utils.data.DataLoader, epochs: int, lr: float, dice_weight: float, device: str
 ) -> None:
     """``epochs`` passes of Adam on CE + ``dice_weight`` x soft Dice (foreground)."""
     net.train()
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     for _ in range(epochs):
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
             logits = net(x)
             loss = F.cross_entropy(logits, y)
@@ -114,22 +116,21 @@ def train_client(
             opt.step()
 
 
-def evaluate(client: Any, data: FederatedDataModule) -> dict[str, Any]:
+def evaluate(client: Any, data: FederatedDataModule, device: torch.device) -> dict[str, Any]:
     """The global model's metrics on every client's test set (foreground Dice per client, their mean) and pooled."""
-    device = torch.device("cpu")
     parts = {cid: client.evaluation_parts(data.client_test_loader(cid), device) for cid in data.client_ids}
     per_client = {cid: client.metrics_from_parts(p)["dice"] for cid, p in parts.items()}
     pooled = client.metrics_from_parts(client.merge_parts(list(parts.values())))["dice"]
     return {"mean": sum(per_client.values()) / len(per_client), "pooled": pooled, "clients": per_client}
 
 
-def run(config: dict[str, Any]) -> dict[str, Any]:
+def run(config: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
     """FedAvg over every client for ``federation.rounds`` rounds; the per-round Dice and timings."""
     fed, lr = config["federation"], float(config["model"]["init_args"]["lr"])
     assert fed.get("aggregation", "samples") == "samples" and fed.get("client_fraction", 1.0) == 1.0
     t0 = time.perf_counter()
     data, client, dice_weight = build(config)
-    net = client.net
+    net = client.to(device).net
     setup_s = time.perf_counter() - t0
     ids = data.client_ids
     sizes = [data.num_train_samples(c) for c in ids]
@@ -142,12 +143,12 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         mean = RunningWeightedMean()  # the sample-weighted mean train.py's FedAvg takes (floats and integer buffers)
         for cid, weight in zip(ids, weights):
             net.load_state_dict(global_state)
-            train_client(net, data.client_train_loader(cid), int(fed["local_epochs"]), lr, dice_weight)
+            train_client(net, data.client_train_loader(cid), int(fed["local_epochs"]), lr, dice_weight, device)
             mean.add(net.state_dict(), weight)
         global_state = mean.result()
         if r + 1 == rounds or (eval_every and (r + 1) % eval_every == 0):
             net.load_state_dict(global_state)
-            evaluation = evaluate(client, data)
+            evaluation = evaluate(client, data, torch.device(device))
             round_dice.append(evaluation["mean"])
             per_client = " ".join(f"{c} {d:.4f}" for c, d in evaluation["clients"].items())
             print(f"round {r + 1}/{rounds}  dice {evaluation['mean']:.4f}  pooled {evaluation['pooled']:.4f}  "
@@ -166,8 +167,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    config = load_config(parse_args())
-    result = run(config)
+    args = parse_args()
+    result = run(load_config(args), args.device)
     result["import_s"] = IMPORT_S
     result["script_s"] = time.perf_counter() - START
     print(f"final mean dice {result['final_dice']:.4f}  pooled {result['final_pooled_dice']:.4f}  "

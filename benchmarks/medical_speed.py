@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON = ROOT / ".venv" / "bin" / "python"
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 CONFIG = "benchmarks/medical_unet.yaml"
 #: train.py overrides the raw loop understands, and its flag for each.
 RAW_FLAGS = {
@@ -104,6 +104,11 @@ def parse_args() -> argparse.Namespace:
         help="another variant: a command, or train.py overrides on top of fl's when it starts with --",
     )  # fmt: skip
     parser.add_argument("--only", default=None, help="comma-separated variants to run (default: all)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: raw trains there, train.py gets the GPU")
+    parser.add_argument(
+        "--python", default=str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable,
+        help="the interpreter of the children (default: the checkout's .venv, else this one)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--out", default=None, help="folder for the logs (default: a temporary folder)")
     parser.add_argument("--keep-runs", action="store_true", help="keep train.py's run directories")
@@ -115,6 +120,8 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
     """The workload overrides of every train.py variant: the shorthand flags first, then ``--overrides``."""
     values = (args.rounds, args.image_size, args.local_epochs)  # in the order of RAW_FLAGS
     out = [f"{key}={value}" for key, value in zip(RAW_FLAGS, values) if value is not None]
+    if args.device != "cpu":
+        out.append("--trainer.accelerator=gpu")
     for text in args.overrides:
         out += shlex.split(text)
     return out
@@ -141,8 +148,9 @@ def config_path(config: str) -> str:
 
 def variants(args: argparse.Namespace, overrides: list[str]) -> list[Variant]:
     """raw, fl and the extras, in the order they run; ``--only`` filters them."""
-    py, config = str(PYTHON.relative_to(ROOT)), config_path(args.config)  # the children run in ROOT
+    py, config = args.python, config_path(args.config)  # the children run in ROOT
     raw_args, _ = raw_flags(overrides)
+    raw_args += ["--device", args.device]
     fl = [py, "train.py", "--config", config, *overrides]
     found = [
         Variant("raw", [py, "benchmarks/medical_raw.py", "--config", config, *raw_args], False),
@@ -357,8 +365,6 @@ def table(counted: dict[str, list[Run]]) -> list[str]:
 
 def main() -> None:
     args = parse_args()
-    if not PYTHON.exists():
-        raise SystemExit(f"no interpreter at {PYTHON} (this benchmark runs the checkout's .venv)")
     overrides = train_overrides(args)
     found = variants(args, overrides)
     top = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="medical-speed-"))

@@ -83,6 +83,15 @@ class FederatedCLI(LightningCLI):
             if devices is not None:
                 self.config.trainer.devices = devices
 
+    def instantiate_classes(self) -> None:
+        """LightningCLI's instantiation; should it fail after the local ranks started, they are stopped first."""
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            if self.ranks is not None:  # the ranks fail the same way; without this the watcher would end us
+                self.ranks.close(ok=False)
+            raise
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Add the federation settings and link ``data.{num_classes,in_channels,image_size}`` → ``model``."""
         parser.add_class_arguments(FederationConfig, "federation")

@@ -109,3 +109,20 @@ def test_no_ranks_start_for_one_worker_without_a_launch_or_on_a_rank(launches, m
     built = start(Built, ["--federation.workers=2"], launch_argv=["--federation.workers=2"])  # under torchrun
     assert launches == []
     assert built.rank == (1, 2, 0) and "RANK" not in cli.os.environ  # hidden from the Trainer about to be built
+
+
+def test_a_failed_instantiation_after_the_ranks_started_stops_them(monkeypatch):
+    closed = []
+
+    class Group:
+        def close(self, ok):
+            closed.append(ok)
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(cli.local_ranks, "start", lambda argv, workers: Group())
+    monkeypatch.setattr(cli.distributed, "environment_rank", lambda: None)  # the started ranks' variables: not set
+    argv = ["--federation.workers=2", "--data.alpha=-1"]  # the datamodule refuses alpha < 0 when instantiated
+    with pytest.raises(ValueError, match="alpha"):
+        cli.build_cli(argv, launch=True)
+    assert closed == [False]
