@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -32,8 +33,14 @@ from fl_lightning.errors import RankError
 GRACE_S = 10.0
 # How long rank 0 waits, after the run, for the other ranks to leave the group and exit.
 EXIT_WAIT_S = 60.0
-#: What a started rank runs: the same entry point with the same arguments (the marker names it in ``ps``).
-RANK_CODE = "import sys; from fl_lightning.cli import main; main(sys.argv[1:])  # fl_lightning local rank"
+#: What a started rank runs: what train.py runs (its imports kept out of the cyclic collector's way, see heap.py),
+#: with the same arguments; the marker names it in ``ps``.
+RANK_CODE = (
+    "import sys\nfrom fl_lightning.startup.heap import long_lived\nwith long_lived():\n"
+    "    from fl_lightning.cli import main\nmain(sys.argv[1:])  # fl_lightning local rank"
+)
+#: The folder that holds the ``fl_lightning`` package this process imported.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: torchrun's variables, as a started rank gets them.
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -61,10 +68,14 @@ def start(argv: Sequence[str], workers: int) -> RankGroup:
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
     common = {"WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1",
               "MASTER_PORT": str(free_port())}  # fmt: skip
+    # The folder holding fl_lightning (and callbacks/, datamodules/ of a checkout) first on the ranks' path: they
+    # import what this process imported, also when it ran a checkout's train.py from elsewhere without installing.
+    path = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    own = {"OMP_NUM_THREADS": threads, "PYTHONPATH": path}
     children = {
         rank: subprocess.Popen(
             [sys.executable, "-c", RANK_CODE, *argv],
-            env={**os.environ, **common, "OMP_NUM_THREADS": threads, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            env={**os.environ, **common, **own, "RANK": str(rank), "LOCAL_RANK": str(rank)},
         )
         for rank in range(1, workers)
     }
