@@ -164,6 +164,15 @@ class DPFedAvg(FederatedCallback):
             raise ValueError(f"DPFedAvg delta={self.delta} must be below 1/N = {1 / n} for N={n} clients")
         if self.sigma is None:  # not restored from a checkpoint: calibrate for the planned rounds
             self.sigma = calibrate_noise_multiplier(self.target_epsilon, self.delta, self.q, cfg.rounds)
+        elif self.target_epsilon is not None:  # restored: σ was calibrated for the rounds the run started with
+            planned = epsilon([(self.sigma, self.q, cfg.rounds)], self.delta)
+            if planned > self.target_epsilon:
+                raise ValueError(
+                    f"DPFedAvg target_epsilon={self.target_epsilon}: its σ={self.sigma:.4g} was calibrated for fewer "
+                    f"rounds than federation.rounds={cfg.rounds}, which would end at ε={planned:.4g}; a run with a "
+                    "target ε cannot be extended on resume. Resume with the rounds it started with, or start a new "
+                    "run (noise_multiplier with max_epsilon can run until its budget)"
+                )
         self.count_stddev = None
         if self.adaptive:
             self.count_stddev = self.m / 20 if self.clip_count_stddev is None else self.clip_count_stddev

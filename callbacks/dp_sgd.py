@@ -140,6 +140,7 @@ class DPSGD(FederatedCallback):
         self._fit: dict[str, Any] | None = None
         self._attached: tuple[GradSampleHooks | None, torch.optim.Optimizer, Any, list[torch.nn.Module]] | None = None
         self._plain_steps = 0  # optimiser steps of a fit without noise and clipping (no Opacus attached)
+        self.planned_rounds: int | None = None  # federation.rounds the clients' σ was calibrated for (target_epsilon)
 
     # ------------------------------------------------------------------ both sides
     @override
@@ -192,12 +193,29 @@ class DPSGD(FederatedCallback):
         }
 
     @override
+    def on_federation_start(self, server: ServerView) -> None:
+        rounds = server.config.rounds
+        if self.target_epsilon is None:
+            return
+        if self.planned_rounds is None:  # the first start (or a checkpoint from before planned_rounds existed)
+            self.planned_rounds = rounds
+        elif rounds > self.planned_rounds:
+            raise ValueError(
+                f"DPSGD target_epsilon={self.target_epsilon}: each client's σ was calibrated for "
+                f"federation.rounds={self.planned_rounds}; this resume asks for federation.rounds={rounds}, which "
+                "would take the clients past the target. A run with a target ε cannot be extended on resume: resume "
+                f"with federation.rounds={self.planned_rounds} or fewer, or start a new run (noise_multiplier with "
+                "max_epsilon can run until its budget)"
+            )
+
+    @override
     def state_dict(self) -> dict[str, Any]:
-        return {"reports": self.reports}
+        return {"reports": self.reports, "planned_rounds": self.planned_rounds}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reports = {c: dict(r) for c, r in state_dict["reports"].items()}
+        self.planned_rounds = state_dict.get("planned_rounds")
 
     # ------------------------------------------------------------------ client half
     @override
@@ -276,6 +294,14 @@ class DPSGD(FederatedCallback):
                     self.target_epsilon, delta, sample_rate, planned, self.accountant
                 )
         sigma = float(state["noise_multiplier"])
+        if self.target_epsilon is not None:  # restored σ of a run extended past its plan (an older checkpoint)
+            planned = epsilon([(sigma, sample_rate, ctx.config.rounds * steps)], delta, self.accountant)
+            if planned > self.target_epsilon:
+                raise PreconditionError(
+                    f"DPSGD target_epsilon={self.target_epsilon}: client {ctx.client_id!r}: its σ={sigma:.4g} was "
+                    f"calibrated for fewer rounds than federation.rounds={ctx.config.rounds} (ε would reach "
+                    f"{planned:.4g}); resume with the rounds the run started with"
+                )
         self._fit = {"sigma": sigma, "q": sample_rate, "batch_size": batch_size, "delta": delta, "steps": steps}
         if self.max_epsilon is not None:
             after = epsilon(add_steps(history, sigma, sample_rate, steps), delta, self.accountant)

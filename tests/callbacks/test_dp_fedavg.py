@@ -206,3 +206,20 @@ def test_the_serialized_transport_gives_the_inprocess_result(tmp_path, noise):
     for k, v in direct.groups[0].state.items():
         assert torch.equal(wire.groups[0].state[k], v), k
     assert a["privacy"] == b["privacy"]
+
+
+def test_a_target_epsilon_run_is_not_extended_on_resume(tmp_path):
+    """σ calibrated for 2 rounds would end above the target after 3: the resume is refused, naming both numbers."""
+
+    def callbacks():
+        return [DPFedAvg(target_epsilon=50.0, clip_norm=1.0)]
+
+    run(tmp_path, callbacks(), "planned", rounds=2, keep_checkpoints=0, clients_per_round=2)
+    shutil.copytree(tmp_path / "planned", tmp_path / "longer")
+    with pytest.raises(ValueError, match=r"target_epsilon=50.0: .*federation.rounds=3, which would end at ε=") as err:
+        run(tmp_path, callbacks(), "longer", rounds=3, clients_per_round=2,
+            resume=str(checkpoint_path(tmp_path / "longer", 1)))  # fmt: skip
+    assert float(str(err.value).split("end at ε=")[1].split(";")[0]) > 50.0
+    _, same = run(tmp_path, callbacks(), "planned", rounds=2, clients_per_round=2,
+                  resume=str(checkpoint_path(tmp_path / "planned", 1)))  # fmt: skip
+    assert same["privacy"]["epsilon"] <= 50.0  # the planned rounds resume as before

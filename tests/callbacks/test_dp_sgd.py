@@ -232,3 +232,36 @@ def test_history_merges_like_opacus_and_noise_free_steps_have_no_guarantee():
     assert add_steps(add_steps([], 1.0, 0.25, 4), 1.0, 0.25, 4) == [(1.0, 0.25, 8)]
     assert add_steps([(1.0, 0.25, 4)], 2.0, 0.25, 1) == [(1.0, 0.25, 4), (2.0, 0.25, 1)]
     assert epsilon([], 1e-5) == 0.0 and epsilon([(0.0, 0.1, 3)], 1e-5) == math.inf
+
+
+def test_a_target_epsilon_run_is_not_extended_on_resume(tmp_path):
+    """Each client's σ is calibrated for the planned rounds: a resume asking for more is refused before training."""
+    first = federation(tmp_path, [DPSGD(target_epsilon=3.0)], rounds=2, keep_checkpoints=0, run_name="planned")
+    first.run()
+    shutil.copytree(tmp_path / "planned", tmp_path / "longer")
+    longer = federation(tmp_path, [DPSGD(target_epsilon=3.0)], rounds=3, run_name="longer",
+                        resume=str(checkpoint_path(tmp_path / "longer", 2)))  # fmt: skip
+    with pytest.raises(ValueError, match=r"calibrated for federation.rounds=2; this resume asks for .*rounds=3"):
+        longer.run()
+
+
+def _load_without_plan(self, state_dict):
+    DPSGD.load_state_dict(self, {k: v for k, v in state_dict.items() if k != "planned_rounds"})
+
+
+# DPSGD as a checkpoint from before the server half recorded its planned rounds restores it (same name: the
+# checkpoint names its callbacks by class)
+PlanlessDPSGD = type("DPSGD", (DPSGD,), {"load_state_dict": _load_without_plan})
+
+
+def test_a_client_whose_restored_sigma_was_planned_for_fewer_rounds_refuses_to_train(tmp_path):
+    federation(tmp_path, [DPSGD(target_epsilon=3.0)], rounds=2, keep_checkpoints=0, run_name="planned").run()
+    shutil.copytree(tmp_path / "planned", tmp_path / "old")
+    resumed = federation(tmp_path, [PlanlessDPSGD(target_epsilon=3.0)], rounds=4, run_name="old",
+                         resume=str(checkpoint_path(tmp_path / "old", 2)))  # fmt: skip
+    with pytest.raises(
+        PreconditionError,
+        match=r"client 'site0': its σ=.* calibrated for fewer rounds than federation"
+        r".rounds=4 \(ε would reach ",
+    ):
+        resumed.run()
