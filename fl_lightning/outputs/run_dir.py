@@ -184,6 +184,20 @@ def claim(path: Path) -> bool:
     return True
 
 
+def _refuse_other_folders(path: Path, run_name: str) -> None:
+    """Raise ``FileExistsError`` if ``path`` holds files but was never a run's (no :data:`LOCK_NAME`, our marker).
+
+    Every run writes its lock file first, so a run stopped before its first checkpoint carries it; a folder of
+    the user's (data, results of another tool) never does, and nothing in it is moved or written.
+    """
+    if (path / LOCK_NAME).exists() or not any(path.iterdir()):
+        return
+    raise FileExistsError(
+        f"{path} exists and is not a run directory (federation.run_name={run_name!r}; it has no {LOCK_NAME}, which "
+        "every run writes first): nothing in it was touched. Choose another run_name or output_dir"
+    )
+
+
 def _set_aside(path: Path) -> None:
     """Move what a run stopped before its first checkpoint wrote into ``path`` to a sibling directory (path held)."""
     entries = [e for e in path.iterdir() if e.name != LOCK_NAME]
@@ -227,10 +241,12 @@ class RunDirectory:
 
     A ``run_name`` whose directory exists but holds no round checkpoint and no live process (a run stopped before
     its first checkpoint) starts afresh there, with a warning; what the stopped run had written is moved to
-    ``<run_name>.stopped-<time>`` beside it.
+    ``<run_name>.stopped-<time>`` beside it. Only a directory that carries a run's lock file is treated so: any
+    other folder that holds files is refused, untouched.
 
     Raises:
-        FileExistsError: If ``run_name`` names an existing directory with round checkpoints.
+        FileExistsError: If ``run_name`` names an existing directory with round checkpoints, or a folder with files
+            that is not a run directory.
         RunDirectoryInUse: If ``run_name`` names a directory a live process holds.
 
     """
@@ -248,6 +264,7 @@ class RunDirectory:
                 except FileExistsError:
                     if run_name is not None:
                         if path.is_dir() and not list_checkpoints(path) and path.resolve() not in _HELD:
+                            _refuse_other_folders(path, run_name)
                             claim(path)  # refused if a live run of another process holds it
                             _set_aside(path)
                             break

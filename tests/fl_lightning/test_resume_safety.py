@@ -385,3 +385,18 @@ def test_resuming_with_rounds_below_the_checkpoint_says_so(tmp_path):
         UserWarning, match=r"federation.rounds=1 but the checkpoint is after round 2: no round is trained"
     ):
         build_federation(tmp_path, run_name="done", rounds=1, resume="last").run()
+
+
+def test_a_folder_that_is_not_a_run_is_refused_and_left_untouched(tmp_path):
+    """Failed before: the folder's files were moved to ``data.stopped-<time>`` as "a run stopped early"."""
+    folder = tmp_path / "data"
+    (folder / "images").mkdir(parents=True)
+    (folder / "labels.csv").write_text("a,b\n")
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    with pytest.raises(FileExistsError, match=r"data exists and is not a run directory .* nothing in it was touched"):
+        RunDirectory(tmp_path, "data")
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    assert not list(tmp_path.glob("data.stopped-*"))
+    (tmp_path / "empty").mkdir()
+    with pytest.warns(UserWarning, match="exists but is empty"):
+        RunDirectory(tmp_path, "empty").close()  # an empty folder may still take the run
