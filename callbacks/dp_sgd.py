@@ -290,9 +290,16 @@ class DPSGD(FederatedCallback):
                 state["noise_multiplier"] = float(self.noise_multiplier)
             else:  # planned: every round at this fit's budget (client sampling only lowers the real ε)
                 planned = ctx.config.rounds * steps
-                state["noise_multiplier"] = calibrate_noise(
-                    self.target_epsilon, delta, sample_rate, planned, self.accountant
-                )
+                try:
+                    state["noise_multiplier"] = calibrate_noise(
+                        self.target_epsilon, delta, sample_rate, planned, self.accountant
+                    )
+                except ValueError as err:  # Opacus: "The privacy budget is too low."
+                    raise PreconditionError(
+                        f"DPSGD target_epsilon={self.target_epsilon} cannot be reached by client {ctx.client_id!r}: "
+                        f"no noise multiplier keeps {planned} steps at sample rate {sample_rate:.3g} (δ={delta:.3g}) "
+                        f"within it ({err}). Raise target_epsilon, or lower federation.rounds or the local steps"
+                    ) from None
         sigma = float(state["noise_multiplier"])
         if self.target_epsilon is not None:  # restored σ of a run extended past its plan (an older checkpoint)
             planned = epsilon([(sigma, sample_rate, ctx.config.rounds * steps)], delta, self.accountant)
@@ -305,6 +312,13 @@ class DPSGD(FederatedCallback):
         self._fit = {"sigma": sigma, "q": sample_rate, "batch_size": batch_size, "delta": delta, "steps": steps}
         if self.max_epsilon is not None:
             after = epsilon(add_steps(history, sigma, sample_rate, steps), delta, self.accountant)
+            if after > self.max_epsilon and not history:  # not even one fit fits: a setting, not a spent budget
+                raise PreconditionError(
+                    f"DPSGD max_epsilon={self.max_epsilon} is below ε={after:.4g} of one fit of client "
+                    f"{ctx.client_id!r} (σ={sigma:.4g}, {steps} steps at sample rate {sample_rate:.3g}, "
+                    f"δ={delta:.3g}): "
+                    "no client could train. Raise max_epsilon or the noise (noise_multiplier / target_epsilon)"
+                )
             if after > self.max_epsilon:
                 self._fit["exhausted"] = (
                     f"client {ctx.client_id!r} is at ε={epsilon(history, delta, self.accountant):.4g} and this fit "

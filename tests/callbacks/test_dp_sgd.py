@@ -265,3 +265,18 @@ def test_a_client_whose_restored_sigma_was_planned_for_fewer_rounds_refuses_to_t
         r".rounds=4 \(ε would reach ",
     ):
         resumed.run()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"target_epsilon": 0.0001}, r"target_epsilon=0.0001 cannot be reached by client 'site\d'.*Raise target_eps"),
+        ({"noise_multiplier": 1.0, "max_epsilon": 1e-4}, r"max_epsilon=0.0001 is below ε=.* of one fit of client"),
+    ],
+)
+def test_a_budget_no_client_can_meet_is_refused_before_any_step_naming_the_key(tmp_path, kwargs, match):
+    """Failed before: Opacus' bare "The privacy budget is too low.", or every client "failed" and round 0 said so."""
+    fed = federation(tmp_path, [DPSGD(**kwargs)], rounds=2)
+    with pytest.raises(PreconditionError, match=match):
+        fed.run()
+    assert not fed.run_dir.round_rows  # refused before any round completed
