@@ -299,3 +299,15 @@ def test_two_real_fedavg_seeds_compare_end_to_end(tmp_path):
     assert fedavg["stats"]["pooled"]["mean"] == pytest.approx(np.mean(pooled))
     assert fedavg["curve"]["rounds"] == [1, 2]
     assert (out / "comparison.png").is_file() and (out / "comparison.md").is_file()
+
+
+def test_runs_of_different_length_are_never_seeds_of_one_setting(tmp_path):
+    """Failed before: config.yaml keeps the first start's rounds, so a resume that added rounds compared as equal."""
+    config = copy.deepcopy(BASE_CONFIG)
+    config["federation"]["rounds"] = 2  # what a run started with 2 rounds and resumed to 3 still says
+    resumed = write_run(tmp_path, "resumed", 0, FEDAVG[0], [0.3, 0.5, 0.7], config=config)
+    short = write_run(tmp_path, "short", 1, FEDAVG[1], [0.4, 0.6], config=config)
+    with pytest.raises(CompareRefused, match=r"federation.rounds:\n.*resumed: 3\n.*short: 2"):
+        compare.compare([load_run(resumed), load_run(short)])
+    plain = write_run(tmp_path, "plain", 2, FEDAVG[2], [0.2, 0.5, 0.75])  # 3 rounds, as its config says
+    assert compare.compare([load_run(resumed), load_run(plain)])["methods"]["FedAvg"]  # two seeds of 3 rounds

@@ -150,7 +150,22 @@ def load_run(path: Path) -> Run:
         raise CompareRefused(f"{path}: not a directory")
     summary = _read_mapping(path / SUMMARY, "the final evaluation; the run did not finish", json.loads)
     config = _read_mapping(path / CONFIG, "the resolved config", yaml.safe_load)
-    return Run(path, config, summary, read_rounds(path / ROUNDS))
+    rounds = read_rounds(path / ROUNDS)
+    return Run(path, with_rounds_run(config, summary, rounds), summary, rounds)
+
+
+def with_rounds_run(config: dict[str, Any], summary: Mapping[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """``config`` with ``federation.rounds`` set to the rounds the run actually ran.
+
+    A resume may run to more rounds than the ``config.yaml`` the run started with says (the saved config is the
+    first start's); ``rounds.csv``'s last round (else ``summary.json``'s ``rounds``) is what was run, so runs of
+    different length are never averaged as seeds of one setting, and equal ones are.
+    """
+    ran = rounds[-1]["round"] if rounds else summary.get("rounds")
+    federation = config.get("federation")
+    if not isinstance(ran, int) or not isinstance(federation, dict):
+        return config
+    return {**config, "federation": {**federation, "rounds": ran}}
 
 
 def group_by_method(runs: Iterable[Run]) -> dict[str, list[Run]]:
