@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -142,6 +143,31 @@ def map_labels(raw: np.ndarray, num_classes: int, label_map: Mapping[int, int] |
 # ------------------------------------------------------------------------------------------------- reading
 
 
+#: The most voxels a volume may claim (2**29, 2 GiB as float32; a 512 x 512 x 1000 CT holds 2**28): a header is
+#: bytes from a file, checked before any voxel is allocated.
+MAX_VOXELS = 1 << 29
+
+
+def check_claimed_size(path: Path, shape: tuple[int, ...], itemsize: int, offset: int) -> None:
+    """Refuse a header that claims more voxels than :data:`MAX_VOXELS` or, uncompressed, more bytes than the file has.
+
+    Raises:
+        ValueError: Naming the file, the claimed shape and what it would take.
+    """
+    voxels = math.prod(shape) if shape else 0
+    if voxels > MAX_VOXELS:
+        raise ValueError(
+            f"{path}: its header claims shape {shape} ({voxels:,} voxels, {4 * voxels / 2**30:.1f} GiB as float32), "
+            f"above the limit of {MAX_VOXELS:,} voxels: a corrupt header, or a volume to crop or resample first"
+        )
+    needed = offset + voxels * itemsize
+    if not str(path).endswith(".gz") and needed > Path(path).stat().st_size:
+        raise ValueError(
+            f"{path}: its header claims shape {shape} ({needed:,} bytes with the header), but the file has "
+            f"{Path(path).stat().st_size:,} bytes: truncated or corrupt"
+        )
+
+
 def read_volume(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Reads one NIfTI volume with nibabel: float32 voxels (3D) and the 4x4 affine.
 
@@ -162,11 +188,15 @@ def read_volume(path: Path) -> tuple[np.ndarray, np.ndarray]:
     from nibabel.filebasedimages import ImageFileError
 
     try:
-        image = nibabel.load(str(path))
+        image = nibabel.load(str(path))  # reads the header only
+        check_claimed_size(path, tuple(int(n) for n in image.header.get_data_shape()),
+                           image.header.get_data_dtype().itemsize, int(image.header.get_data_offset()))  # fmt: skip
         data = image.get_fdata(dtype=np.float32)
         affine = np.asarray(image.affine, dtype=np.float64)
-    except (ImageFileError, OSError, EOFError, ValueError, zlib.error) as err:
+    except (ImageFileError, OSError, EOFError, zlib.error) as err:
         raise ValueError(f"cannot read NIfTI volume {path}: {err}") from err
+    except ValueError as err:
+        raise ValueError(str(err) if str(path) in str(err) else f"cannot read NIfTI volume {path}: {err}") from err
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
     if data.ndim != 3:

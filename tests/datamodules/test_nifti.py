@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -330,3 +331,25 @@ def test_one_round_through_the_cli(root: Path, tmp_path: Path, config: str):
     config_text = (tmp_path / "r" / "config.yaml").read_text()
     assert "NiftiSegFederated" in config_text and "num_samples" not in config_text
     assert json.loads((tmp_path / "r" / "summary.json").read_text())
+
+
+def claim_shape(path: Path, shape: tuple[int, int, int]) -> None:
+    """Rewrite an uncompressed NIfTI-1 header's dim[1..3] (int16 at bytes 42, 44, 46) to claim ``shape``."""
+    raw = bytearray(path.read_bytes())
+    raw[42:48] = np.array(shape, dtype="<i2").tobytes()
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("claimed", [(2000, 2000, 2000), (1000, 1000, 1000), (64, 64, 64)])
+def test_a_header_claiming_more_voxels_than_the_file_holds_is_refused_before_reading(tmp_path, claimed):
+    """Failed before: 2000^3 ended in a bare MemoryError, 1000^3 filled 3.8 GB for 14 s before an error."""
+    from datamodules.volumes import read_volume
+
+    path = tmp_path / "tiny.nii"
+    save(path, np.zeros((2, 2, 2), np.float32))
+    claim_shape(path, claimed)
+    assert path.stat().st_size < 400  # a 384-byte file
+    with pytest.raises(ValueError, match=re.escape(f"tiny.nii: its header claims shape {claimed!r}")):
+        read_volume(path)
+    save(path, np.ones((2, 2, 2), np.float32))  # an honest header still reads
+    assert read_volume(path)[0].shape == (2, 2, 2)
