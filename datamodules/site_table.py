@@ -7,6 +7,7 @@ hospital an image comes from is the client, so the shift between clients is the 
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ from datamodules.split import split_train_test
 # Schemes that split one site over several clients (by label: a site is already one domain).
 _TABLE_SCHEMES = ("iid", "dirichlet")
 _LABEL_TYPES = ("auto", "integer", "string")
+
+
+_INTEGER = re.compile(r"[+-]?\d+")  # a label written as an integer (surrounding spaces stripped)
 
 
 class SiteTableFederated(FederatedDataModule):
@@ -280,10 +284,11 @@ class SiteTableFederated(FederatedDataModule):
         high = len(self.classes) if self.classes is not None else self._num_classes_arg
         for r, value in zip(kept, raw, strict=True):
             label = _as_int(value)
-            if label is None:
+            if label is None or not _INTEGER.fullmatch(value):  # "1e3" or "3.5" is a float, not a class id
                 raise ValueError(
                     f"{self._where(lines[r])}: label {value!r} (column {column!r}) is not an integer; integer class "
-                    "ids are expected (set label_type='string' for class names)"
+                    "ids written as integers are expected ('3', not '3.0' or '1e3': a float there would make a "
+                    "model of that many classes), or set label_type='string' for class names"
                 )
             if label < 0 or (high is not None and label >= high):
                 bound = f"[0, {high})" if high is not None else ">= 0"

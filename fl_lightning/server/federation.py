@@ -198,8 +198,8 @@ class Federation(Server):
                 for cb in self.callbacks:
                     cb.on_reply(self, task, reply, weight)
                 mean.add(reply.state, weight)
-        if not mean.count:
-            raise RuntimeError(f"round {r}: every selected client of group {group.name!r} failed: {members}")
+        if not mean.count:  # the round 1-based, as rounds.csv and the terminal count it
+            raise RuntimeError(f"round {r + 1}: every selected client of group {group.name!r} failed: {members}")
         with record.timed("aggregate"):
             if self.has_global_model:
                 self.aggregate(group, mean)

@@ -253,6 +253,10 @@ def test_bad_labels_name_the_row(tmp_path: Path) -> None:
     _error(path, r"column 'label' mixes numbers \(.*row 1 .*'0'\) and text \(.*row 8 .*'tumour'\)")
     half = _table(tmp_path / "h", label=[*ints[:3], "0.5", *ints[4:]])
     _error(half, r"row 4 \(line 5\): label '0.5' .* is not an integer")
+    # Failed before: "1e3" read as class 1000, silently a 1001-class model; "1.0" is refused the same way
+    for i, floaty in enumerate(("1e3", "1.0")):
+        table = _table(tmp_path / f"f{i}", label=[*ints[:2], floaty, *ints[3:]])
+        _error(table, rf"row 3 \(line 4\): label '{floaty}' .* is not an integer; .*not '3.0' or '1e3'")
     high = _table(tmp_path / "o", label=[*ints[:9], "7", *ints[10:]])
     _error(high, r"row 10 \(line 11\): label 7 \(column 'label'\) is out of range, expected \[0, 2\)", num_classes=2)
     _error(high, r"row 10 .*out of range, expected \[0, 2\)", classes=["normal", "tumor"])
