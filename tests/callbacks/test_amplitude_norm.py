@@ -115,3 +115,8 @@ def test_needs_a_server_and_an_identity_input_norm(tmp_path):
 def test_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AmplitudeNormalization(**kwargs)
+
+
+def test_the_default_band_is_the_papers_full_spectrum():
+    # The audit's chest X-ray task collapsed on both seeds with the former default 0.25 (docs: "The amplitude band").
+    assert AmplitudeNormalization().band == 1.0
