@@ -210,6 +210,22 @@ def loss_growth(losses: Mapping[int, float], factor: float = LOSS_GROWTH) -> tup
     return None
 
 
+#: How the messages name the model each client is judged by.
+MODEL_WORDS = {"global": "global model", "personal": "personal model (each client's own, as it is evaluated)"}
+
+
+def judged_model(evaluation: Mapping[str, Any]) -> str:
+    """``personal`` where the evaluation has the clients' own models, else ``global``.
+
+    Each client is judged by the model it uses: with private state (FedBN's norm layers, a fine-tuned head) that is
+    its personal model, and a global model that is poor at a site is not a collapse there. Without private state
+    the personal metrics equal the global ones, and the global model is named.
+    """
+    clients = evaluation.get("clients") or {}
+    personal, global_ = clients.get("personal") or {}, clients.get("global") or {}
+    return "personal" if personal and personal != global_ else "global"
+
+
 def detect_collapse(
     evaluation: Mapping[str, Any],
     client_rows: Iterable[Mapping[str, Any]] | None = None,
@@ -259,11 +275,13 @@ def detect_collapse(
                 f"{loss / max(reference, 1e-12):.3g}x: training diverged (weights stayed finite, so no client "
                 f"was counted as failed)"
             )
-    per_client = (evaluation.get("clients") or {}).get("global") or {}
+    model = judged_model(evaluation)
+    per_client = (evaluation.get("clients") or {}).get(model) or {}
+    whose = MODEL_WORDS[model]
     sites = single_class_clients(per_client)
     if sites and len(sites) < len(per_client) or (sites and not single):
         messages.append(
-            f"the global model predicts a single class on the test set of {len(sites)} of {len(per_client)} "
+            f"the {whose} predicts a single class on the test set of {len(sites)} of {len(per_client)} "
             f"client(s) although each holds several: {', '.join(sites)}"
         )
     empty = zero_dice_clients(per_client)
@@ -272,13 +290,13 @@ def detect_collapse(
             f"foreground Dice is 0 on {len(empty)} of {len(per_client)} client(s): {', '.join(empty)} (the model "
             "predicts no foreground that overlaps the masks: background everywhere)"
         )
-    rounds = degenerate_rounds(client_rows) if client_rows is not None else None
+    rounds = degenerate_rounds(client_rows, model) if client_rows is not None else None
     if rounds:
         last = max(int(row["round"]) for row in client_rows) if client_rows else None
         recovered = last is not None and rounds[-1] < last
         what = "one class" if per_client and single_class_clients(per_client) is not None else "no foreground"
         messages.append(
-            f"the global model predicted {what} on every evaluated client in round(s) {_ranges(rounds)}"
+            f"the {whose} predicted {what} on every evaluated client in round(s) {_ranges(rounds)}"
             + (" before it recovered" if recovered else "")
         )
     return Collapse(

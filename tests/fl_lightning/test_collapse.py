@@ -215,3 +215,18 @@ def test_warn_collapse_warns_each_message():
         messages = collapse.warn_collapse({"collapse": {"messages": ["a", "b"]}})
     assert messages == ["a", "b"] and [str(w.message) for w in record] == ["a", "b"]
     assert collapse.warn_collapse({}) == []
+
+
+def test_each_client_is_judged_by_the_model_it_is_evaluated_with():
+    """Failed before: a healthy FedBN run was flagged because only the global model's per-client numbers were read."""
+    fedbn = {"pooled": HEALTHY, "clients": {"global": {"a": TRAINED_SITE, "b": ONE_CLASS_SITE},
+             "personal": {"a": TRAINED_SITE, "b": TRAINED_SITE}}}  # fmt: skip
+    found = detect_collapse(fedbn, num_classes=2)
+    assert found.single_class_clients == () and not found.detected
+    broken = {"pooled": HEALTHY, "clients": {"global": {"a": TRAINED_SITE, "b": TRAINED_SITE},
+              "personal": {"a": TRAINED_SITE, "b": ONE_CLASS_SITE}}}  # fmt: skip
+    found = detect_collapse(broken, num_classes=2)
+    assert found.single_class_clients == ("b",) and found.detected
+    assert any(m.startswith("the personal model (each client's own") and "1 of 2" in m for m in found.messages)
+    same = {"pooled": HEALTHY, "clients": {"global": {"b": ONE_CLASS_SITE}, "personal": {"b": ONE_CLASS_SITE}}}
+    assert any(m.startswith("the global model predicts") for m in detect_collapse(same, num_classes=2).messages)

@@ -311,3 +311,18 @@ def test_runs_of_different_length_are_never_seeds_of_one_setting(tmp_path):
         compare.compare([load_run(resumed), load_run(short)])
     plain = write_run(tmp_path, "plain", 2, FEDAVG[2], [0.2, 0.5, 0.75])  # 3 rounds, as its config says
     assert compare.compare([load_run(resumed), load_run(plain)])["methods"]["FedAvg"]  # two seeds of 3 rounds
+
+
+def test_a_message_of_a_run_that_did_not_collapse_is_not_called_a_collapse(tmp_path):
+    """Failed before: the footnotes said "collapsed:" for a run whose summary.json says detected: false."""
+    from fl_lightning.tools.compare.table import notes
+
+    recovered = write_run(tmp_path, "recovered", 0, FEDAVG[0], [0.1, 0.7])
+    summary = json.loads((recovered / "summary.json").read_text())
+    summary["collapse"] = {"detected": False, "messages": ["one class in round(s) 1 before it recovered"]}
+    (recovered / "summary.json").write_text(json.dumps(summary))
+    collapsed = write_run(tmp_path, "collapsed", 1, FEDAVG[1], [0.1, 0.1], collapsed=True)
+    lines = notes(compare.compare([load_run(recovered), load_run(collapsed)]))
+    assert any("seed 0" in line and "did not collapse, but: one class in round(s) 1" in line for line in lines)
+    assert not any("seed 0" in line and "collapsed:" in line for line in lines)
+    assert any("seed 1" in line and "collapsed: it collapsed" in line for line in lines)

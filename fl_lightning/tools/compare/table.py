@@ -273,7 +273,9 @@ def notes(comparison: Mapping[str, Any]) -> list[str]:
             if run["stopped"]:
                 out.append(f"{method} seed {run['seed']} ({run['run_dir']}) stopped early: {run['stopped']}")
             for message in run["collapse_messages"]:
-                out.append(f"{method} seed {run['seed']} ({run['run_dir']}) collapsed: {message}")
+                # a run may carry a message without a collapse (degenerate rounds it recovered from)
+                said = "collapsed" if run["collapsed"] else "did not collapse, but"
+                out.append(f"{method} seed {run['seed']} ({run['run_dir']}) {said}: {message}")
     return out
 
 
