@@ -326,3 +326,38 @@ def test_a_message_of_a_run_that_did_not_collapse_is_not_called_a_collapse(tmp_p
     assert any("seed 0" in line and "did not collapse, but: one class in round(s) 1" in line for line in lines)
     assert not any("seed 0" in line and "collapsed:" in line for line in lines)
     assert any("seed 1" in line and "collapsed: it collapsed" in line for line in lines)
+
+
+def test_runs_differing_only_in_their_seeds_are_replicates(tmp_path):
+    """Failed before: a different data.seed (each seed's own split) was refused as a differing setting."""
+    runs = []
+    for s in range(2):
+        config = copy.deepcopy(BASE_CONFIG)
+        config["data"]["init_args"]["seed"] = s
+        runs.append(write_run(tmp_path, f"s{s}", s, FEDAVG[s], CURVES["FedAvg"][s], config=config))
+    result = compare.compare([load_run(r) for r in runs])
+    assert result["methods"]["FedAvg"]["seeds"] == [0, 1]
+    config = copy.deepcopy(BASE_CONFIG)
+    config["data"]["init_args"]["seed"] = 1  # same seed_everything, another split: still a replicate
+    other_split = write_run(tmp_path, "split1", 0, FEDAVG[2], CURVES["FedAvg"][2], config=config)
+    assert len(compare.compare([load_run(runs[0]), load_run(other_split)])["methods"]["FedAvg"]["runs"]) == 2
+
+
+def fedprox_run(root: Path, name: str, seed: int, mu: float) -> Path:
+    run = write_run(root, name, seed, FEDAVG[seed], CURVES["FedAvg"][seed], methods=("FedProx",))
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["trainer"]["callbacks"] = [{"class_path": "callbacks.FedProx", "init_args": {"mu": mu}}]
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    return run
+
+
+def test_one_method_with_different_arguments_is_two_rows(tmp_path):
+    """Failed before: FedProx with mu 0.01 and mu 0.1 at one seed were refused as duplicates of one method."""
+    low, high = fedprox_run(tmp_path, "mu1", 0, 0.01), fedprox_run(tmp_path, "mu2", 0, 0.1)
+    methods = compare.compare([load_run(low), load_run(high)])["methods"]
+    assert sorted(methods) == ["FedProx (FedProx.mu=0.01)", "FedProx (FedProx.mu=0.1)"]
+    again = fedprox_run(tmp_path, "again", 0, 0.01)
+    with pytest.raises(CompareRefused, match="duplicates"):  # the same arguments at the same seed still are
+        compare.compare([load_run(low), load_run(again)])
+    seeds = compare.compare([load_run(low), load_run(fedprox_run(tmp_path, "seed1", 1, 0.01))])["methods"]
+    assert list(seeds) == ["FedProx"]  # equal arguments: one row, two seeds

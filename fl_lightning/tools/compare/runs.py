@@ -27,6 +27,7 @@ SUMMARY, CONFIG, ROUNDS = "summary.json", "config.yaml", "rounds.csv"
 # Flattened config keys (fnmatch patterns) that may differ between the runs of a comparison, each with why.
 IGNORED: dict[str, str] = {
     "seed_everything": "the seed: what a comparison repeats",
+    "data.init_args.seed": "the data's seed (each seed's own split and partition): part of what a comparison repeats",
     "trainer.callbacks*": "the method: its callbacks and every argument they take",
     "federation.mode": "local and centralized reference runs are rows of their own",
     "federation.run_name": "where the run was written",
@@ -168,11 +169,41 @@ def with_rounds_run(config: dict[str, Any], summary: Mapping[str, Any], rounds: 
     return {**config, "federation": {**federation, "rounds": ran}}
 
 
+CALLBACK_KEYS = "trainer.callbacks["  # flattened keys of the callbacks' arguments: trainer.callbacks[FedProx].mu
+
+
+def method_labels(runs: Sequence[Run]) -> dict[Path, str]:
+    """Each run's row: its method's name, plus the method's arguments that differ between that method's runs.
+
+    HarmoFL with band 0.25 and with band 1.0 are two rows, ``HarmoFL (AmplitudeNormalization.band=0.25)`` and
+    ``HarmoFL (AmplitudeNormalization.band=1.0)``, not seeds of one.
+    """
+    by_name: dict[str, list[tuple[Run, dict[str, Any]]]] = {}
+    for run in runs:
+        settings = {k: v for k, v in flatten(run.config).items() if k.startswith(CALLBACK_KEYS)}
+        by_name.setdefault(run.method, []).append((run, settings))
+    labels: dict[Path, str] = {}
+    for name, members in by_name.items():
+        keys = sorted({k for _, s in members for k in s})
+        differ = [k for k in keys if len({repr(s.get(k)) for _, s in members}) > 1]
+        for run, settings in members:
+            parts = [f"{k.removeprefix(CALLBACK_KEYS).replace('].', '.')}={settings.get(k)!r}" for k in differ]
+            labels[run.path] = f"{name} ({', '.join(parts)})" if parts else name
+    return labels
+
+
+def data_seed(run: Run) -> Any:
+    """``data.init_args.seed`` of the run (None without one): with ``seed_everything``, what makes a replicate."""
+    return flatten(run.config).get("data.init_args.seed")
+
+
 def group_by_method(runs: Iterable[Run]) -> dict[str, list[Run]]:
-    """The runs by method name, methods in the order they first appear, each method's runs by seed."""
+    """The runs by row (:func:`method_labels`), in the order they first appear, each row's runs by seed."""
+    runs = list(runs)
+    labels = method_labels(runs)
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(run.method, []).append(run)
+        groups.setdefault(labels[run.path], []).append(run)
     return {m: sorted(rs, key=lambda r: (r.seed is None, r.seed or 0, str(r.path))) for m, rs in groups.items()}
 
 
@@ -237,6 +268,7 @@ def check_unique_seeds(runs: Sequence[Run], allow: Sequence[str] = ()) -> None:
     """
     paths: set[Path] = set()
     seen: dict[tuple[Any, ...], Run] = {}
+    labels = method_labels(runs)
     for run in runs:
         if run.path.resolve() in paths:
             raise CompareRefused(f"{run.path} is given twice")
@@ -244,10 +276,11 @@ def check_unique_seeds(runs: Sequence[Run], allow: Sequence[str] = ()) -> None:
         if run.seed is None:  # unseeded runs are not repeats of each other
             continue
         allowed = sorted((k, repr(v)) for k, v in flatten(run.config).items() if allowed_only(k, allow))
-        key = (run.method, run.seed, tuple(allowed))
+        key = (labels[run.path], run.seed, repr(data_seed(run)), tuple(allowed))
         if key in seen:
+            seeds = f"seed {run.seed}" + ("" if data_seed(run) is None else f" and data seed {data_seed(run)}")
             raise CompareRefused(
-                f"{seen[key].path} and {run.path} are both {run.method} with seed {run.seed}: duplicates, which would "
+                f"{seen[key].path} and {run.path} are both {labels[run.path]} with {seeds}: duplicates, which would "
                 "count one seed twice; leave one out"
             )
         seen[key] = run
