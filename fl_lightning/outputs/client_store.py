@@ -11,16 +11,20 @@ them copied into the new file, so the disk use stays within about twice one full
 without ``client_files`` holds its states inline and loads unchanged.
 The checkpoint also records each file's sha256 (``client_file_digests``), so a file replaced by another valid
 one (another round's) is refused as not the checkpoint's, like a damaged one, and the resume falls back to the
-previous checkpoint; a checkpoint without ``client_file_digests`` loads without that check.
+previous checkpoint; a checkpoint without ``client_file_digests`` (written before they existed) loads without
+that check, with a warning saying so. An entry whose shape the runtime could not restore is refused the same way.
 """
 
 from __future__ import annotations
 
 import secrets
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from datamodules.files import load_state_file
 
@@ -53,6 +57,14 @@ def expand(runtime: dict[str, Any], directory: Path) -> dict[str, Any]:
     if not files:
         return runtime
     digests: dict[str, str] = runtime.get(DIGESTS_KEY) or {}
+    if DIGESTS_KEY not in runtime:
+        warnings.warn(
+            f"the checkpoint in {directory} was written before client state files had digests: its files cannot be "
+            "checked against it (a file replaced by another round's would go unnoticed); checkpoints written from "
+            "now on record them",
+            UserWarning,
+            stacklevel=2,
+        )
     full = {k: v for k, v in runtime.items() if k not in (FILES_KEY, DIGESTS_KEY)}
     for key in CLIENT_KEYS:
         full[key] = dict(full.get(key, {}))
@@ -64,12 +76,28 @@ def expand(runtime: dict[str, Any], directory: Path) -> dict[str, Any]:
                 raise RuntimeError(f"client {cid!r}: its state file {path} is missing")
             loaded[name] = load_state_file(path, "client state file", sha256=digests.get(name))
         entry = loaded[name].get(cid)
-        if not isinstance(entry, dict) or not set(entry) <= set(CLIENT_KEYS):
+        if not _valid_entry(entry):
             what = "no state" if entry is None else "no valid state"
             raise RuntimeError(f"client state file {path} holds {what} of client {cid!r}, which its checkpoint names")
         for key, state in entry.items():
             full[key][cid] = state
     return full
+
+
+def _valid_entry(entry: Any) -> bool:
+    """Whether a file's entry for one client has the shape the runtime restores (else the resume would crash).
+
+    ``{key: {name: state}}`` for keys of :data:`CLIENT_KEYS`, private states as ``{group: {name: tensor}}``.
+    """
+    if not isinstance(entry, dict) or not set(entry) <= set(CLIENT_KEYS):
+        return False
+    if not all(isinstance(v, dict) and all(isinstance(k, str) for k in v) for v in entry.values()):
+        return False
+    private = entry.get("private", {})
+    return all(
+        isinstance(group, dict) and all(isinstance(t, torch.Tensor) for t in group.values())
+        for group in private.values()
+    )
 
 
 def referenced_files(runtime: dict[str, Any]) -> set[str]:

@@ -170,3 +170,31 @@ def test_a_garbage_checkpoint_is_called_unreadable_without_advice_to_load_it_uns
     path.write_bytes(b"\x00garbage" * 10)
     with pytest.raises(RuntimeError, match="is unreadable"):
         load_checkpoint(path)
+
+
+def test_a_malformed_entry_is_refused_and_resume_falls_back(tmp_path):
+    """Failed before: an entry of the wrong shape ended the resume with a TypeError in the client runtime."""
+    store = ClientStateStore()
+    save(tmp_path, store, 1, runtime({"a": 1, "b": 1}))
+    second = save(tmp_path, store, 2, runtime({"a": 2, "b": 2}))
+    entry = torch.load(checkpoint_path(tmp_path, 2), weights_only=True)
+    name = second[FILES_KEY]["b"]
+    bad = {"a": {"private": runtime({"a": 2})["private"]["a"]}, "b": {"private": {"global": [1, 2]}}}
+    entry["runtime"][DIGESTS_KEY][name] = save_checkpoint(tmp_path / "checkpoints" / STORE_DIR / name, bad)
+    save_checkpoint(checkpoint_path(tmp_path, 2), entry)
+    with pytest.raises(RuntimeError, match=r"holds no valid state of client 'b'"):
+        load_checkpoint(checkpoint_path(tmp_path, 2))
+    with pytest.warns(UserWarning, match="holds no valid state of client 'b'"):
+        assert find_last_checkpoint(tmp_path)[0] == checkpoint_path(tmp_path, 1)
+
+
+def test_a_checkpoint_from_before_the_digests_says_its_files_cannot_be_checked(tmp_path):
+    """Failed before: such a checkpoint accepted another round's state file without a word."""
+    store = ClientStateStore()
+    save(tmp_path, store, 1, runtime({"a": 1}))
+    entry = torch.load(checkpoint_path(tmp_path, 1), weights_only=True)
+    del entry["runtime"][DIGESTS_KEY]  # as written before client_file_digests existed
+    save_checkpoint(checkpoint_path(tmp_path, 1), entry)
+    with pytest.warns(UserWarning, match="written before client state files had digests: its files cannot be checked"):
+        state = load_checkpoint(checkpoint_path(tmp_path, 1))
+    assert state["runtime"]["generations"] == {"a": 1}
