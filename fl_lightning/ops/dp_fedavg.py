@@ -121,10 +121,15 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float | None)
 
 
 def noised_unclipped_fraction(bits: int, replies: int, expected: int, count_stddev: float, seed: int) -> float:
-    """b̄ = (Σ_i (b_i − ½) + N(0, σ_b²)) / m + ½ over the ``replies`` bits whose sum is ``bits``."""
+    """b̄ = (Σ_i (b_i − ½) + N(0, σ_b²)) / m + ½ over the ``replies`` bits whose sum is ``bits``, clamped to [0, 1].
+
+    The clamp is the authors' (TF Privacy's quantile estimator clips the noised fraction to [0, 1]): with a small
+    σ_b relative to m the noise alone can push b̄ outside the range a fraction has, and the geometric step would
+    then move C further than any real fraction of updates could.
+    """
     g = torch.Generator().manual_seed(seed)
     noise = float(torch.randn((), generator=g, dtype=torch.float64)) * count_stddev
-    return (bits - replies / 2 + noise) / expected + 0.5
+    return min(1.0, max(0.0, (bits - replies / 2 + noise) / expected + 0.5))
 
 
 def geometric_clip_update(clip_norm: float, fraction: float, target_quantile: float, lr: float) -> float:

@@ -93,7 +93,8 @@ def test_adaptive_clipping_follows_the_reference_over_rounds(tmp_path):
         bits = np.array([n <= c for r, n in spy.trained if r == t], dtype=np.float64)
         g = torch.Generator().manual_seed(noise_seed(0, t, "server", "count"))
         z = sigma_b * float(torch.randn((), generator=g, dtype=torch.float64))
-        c = c * np.exp(-lr * ((np.sum(bits - 0.5) + z) / m + 0.5 - gamma))
+        b_bar = np.clip((np.sum(bits - 0.5) + z) / m + 0.5, 0.0, 1.0)  # clipped to [0, 1], as TF Privacy does
+        c = c * np.exp(-lr * (b_bar - gamma))
     np.testing.assert_allclose([row["privacy/clip_norm"] for row in fed.run_dir.round_rows], want, rtol=1e-10)
     assert math.isclose(summary["privacy"]["final_clip_norm"], c, rel_tol=1e-10)
     np.testing.assert_allclose([n for r, n in spy.sent if r == rounds - 1], 0, atol=want[-1] * (1 + 1e-5))

@@ -91,9 +91,16 @@ def reference_adaptive_clipping(norms, c0, gamma, lr, m, count_noise):
     for t, round_norms in enumerate(norms):
         out.append(c)
         b = (np.asarray(round_norms) <= c).astype(np.float64)
-        b_bar = (np.sum(b - 0.5) + count_noise[t]) / m + 0.5
+        b_bar = np.clip((np.sum(b - 0.5) + count_noise[t]) / m + 0.5, 0.0, 1.0)  # TF Privacy clips b̄
         c = c * np.exp(-lr * (b_bar - gamma))
     return out + [c]
+
+
+def test_the_noised_fraction_stays_a_fraction():
+    """Failed before: with σ_b large against m, b̄ left [0, 1] (10 of 30 rounds in the audit's run)."""
+    fractions = [noised_unclipped_fraction(b, 4, 4, 10.0, seed) for seed in range(50) for b in (0, 4)]
+    assert min(fractions) == 0.0 and max(fractions) == 1.0  # the clamp was needed and held
+    assert all(0.0 <= f <= 1.0 for f in fractions)
 
 
 def test_adaptive_clipping_follows_the_reference_for_a_few_rounds():
