@@ -100,7 +100,13 @@ class ClientRuntime:
 
     # ------------------------------------------------------------------ set-up
     def prepare(self) -> None:
-        """Add the callbacks' layers to the module (unless shared with a server that did) and find private keys."""
+        """Add the callbacks' layers to the module (unless shared with a server that did) and find private keys.
+
+        The hosted clients' samplers start at their first pass: a datamodule that served another run in this
+        process (a notebook, a script running two methods) would otherwise carry its samplers' passes over, and two
+        identical runs would draw different batches. A resume restores the checkpoint's passes afterwards.
+        """
+        self.data.load_sampler_state({key: 0 for key in self.data.sampler_state()})
         if not self._prepared:
             for cb in self.callbacks:
                 cb.prepare_module(self.module, self.data)

@@ -85,3 +85,16 @@ def test_a_random_sampler_loader_is_warned_about_once():
         warnings.simplefilter("error", UserWarning)
         fitter.fit(model, shuffled, 1, "site0")  # once per fitter
         fitter.fit(model, data.client_train_loader("site1"), 1, "site1")  # the project's sampler: no warning
+
+
+def test_a_datamodule_reused_by_a_second_run_gives_it_the_same_batches(tmp_path):
+    """Failed before: the second run started from the first one's sampler passes and drew different batches."""
+    data = tiny_data()
+    finals = []
+    for name in ("first", "second"):
+        torch.manual_seed(0)
+        fed = build_federation(tmp_path, data=data, model=tiny_model(data), rounds=2, run_name=name)
+        fed.run()
+        finals.append({k: v.clone() for k, v in fed.groups[0].state.items()})
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
