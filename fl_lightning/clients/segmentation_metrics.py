@@ -49,7 +49,8 @@ def segmentation_metrics(confusion: Tensor) -> dict[str, float]:
     Returns:
         ``dice``: mean Dice over the foreground classes 1 … C−1 (the headline metric);
         ``dice_with_background``: mean Dice over all C classes, background included (labelled as such
-        because background Dice is high and flatters the mean); ``acc``: pixel accuracy.
+        because background Dice is high and flatters the mean); ``acc``: pixel accuracy; ``predicted_foreground``:
+        the fraction of pixels predicted as any foreground class (near 1: the model paints foreground everywhere).
 
     """
     dice = dice_per_class(confusion)
@@ -58,6 +59,7 @@ def segmentation_metrics(confusion: Tensor) -> dict[str, float]:
         "dice": _nanmean(dice[1:]),
         "dice_with_background": _nanmean(dice),
         "acc": float(confusion.diag().sum() / total) if total else math.nan,
+        "predicted_foreground": float(confusion[:, 1:].sum() / total) if total else math.nan,
     }
 
 

@@ -55,6 +55,7 @@ class Collapse:
         balanced_acc_at_chance: Pooled balanced accuracy is at most chance (1 / num_classes) + margin.
         train_loss_growth: The mean training loss of some round grew ``factor``-fold over round 1's.
         messages: One readable sentence per detected problem.
+        foreground_everywhere_clients: Segmentation clients whose model paints foreground nearly everywhere.
 
     """
 
@@ -65,6 +66,7 @@ class Collapse:
     zero_dice_clients: tuple[str, ...] | None = None
     degenerate_rounds: tuple[int, ...] | None = None
     messages: tuple[str, ...] = field(default_factory=tuple)
+    foreground_everywhere_clients: tuple[str, ...] | None = None
 
     @property
     def detected(self) -> bool:
@@ -75,6 +77,7 @@ class Collapse:
             or self.train_loss_growth
             or self.single_class_clients
             or self.zero_dice_clients
+            or self.foreground_everywhere_clients
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -87,6 +90,7 @@ class Collapse:
             "train_loss_growth": self.train_loss_growth,
             "single_class_clients": listed(self.single_class_clients),
             "zero_dice_clients": listed(self.zero_dice_clients),
+            "foreground_everywhere_clients": listed(self.foreground_everywhere_clients),
             "degenerate_rounds": listed(self.degenerate_rounds),
             "messages": list(self.messages),
         }
@@ -150,6 +154,25 @@ def zero_dice_clients(per_client: Mapping[str, Mapping[str, Any]]) -> list[str] 
     if not decided:
         return None
     return [c for c, d in decided.items() if d == 0.0]
+
+
+#: A segmentation model that predicts foreground on at least this fraction of a test set's pixels while its
+#: foreground Dice stays below FOREGROUND_DICE paints foreground everywhere (the mirror of zero Dice).
+FOREGROUND_EVERYWHERE = 0.95
+FOREGROUND_DICE = 0.5
+
+
+def foreground_everywhere_clients(per_client: Mapping[str, Mapping[str, Any]]) -> list[str] | None:
+    """Segmentation: clients whose model paints (nearly) every pixel foreground without matching the masks.
+
+    ``predicted_foreground`` ≥ :data:`FOREGROUND_EVERYWHERE` and foreground Dice < :data:`FOREGROUND_DICE` (a
+    test set that is almost all foreground would score a high Dice, and is not flagged). None without the numbers.
+    """
+    decided = {c: (_number(m.get("predicted_foreground")), _number(m.get("dice"))) for c, m in per_client.items()}
+    decided = {c: (f, d) for c, (f, d) in decided.items() if f is not None and d is not None}
+    if not decided:
+        return None
+    return [c for c, (f, d) in decided.items() if f >= FOREGROUND_EVERYWHERE and d < FOREGROUND_DICE]
 
 
 def degenerate_rounds(client_rows: Iterable[Mapping[str, Any]], model: str = "global") -> list[int] | None:
@@ -290,6 +313,13 @@ def detect_collapse(
             f"foreground Dice is 0 on {len(empty)} of {len(per_client)} client(s): {', '.join(empty)} (the model "
             "predicts no foreground that overlaps the masks: background everywhere)"
         )
+    painted = foreground_everywhere_clients(per_client)
+    if painted:
+        messages.append(
+            f"the {whose} predicts foreground on at least {FOREGROUND_EVERYWHERE:.0%} of the pixels of "
+            f"{len(painted)} of {len(per_client)} client(s) with a foreground Dice below {FOREGROUND_DICE}: "
+            f"{', '.join(painted)} (foreground everywhere)"
+        )
     rounds = degenerate_rounds(client_rows, model) if client_rows is not None else None
     if rounds:
         last = max(int(row["round"]) for row in client_rows) if client_rows else None
@@ -305,6 +335,7 @@ def detect_collapse(
         None if empty is None else tuple(empty),
         None if rounds is None else tuple(rounds),
         tuple(messages),
+        None if painted is None else tuple(painted),
     )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ DICE_FG = (0.8 + 2 / 3) / 2
 DICE_ALL = (0.75 + 0.8 + 2 / 3) / 3
 MIOU = (0.6 + 2 / 3 + 0.5) / 3
 ACC = 6 / 8
+PREDICTED_FOREGROUND = 4 / 8  # PRED's non-zero pixels
 
 
 def test_confusion_and_dice_by_hand():
@@ -41,6 +42,7 @@ def test_confusion_and_dice_by_hand():
     assert metrics["dice"] == pytest.approx(DICE_FG)
     assert metrics["dice_with_background"] == pytest.approx(DICE_ALL)
     assert metrics["acc"] == pytest.approx(ACC)
+    assert metrics["predicted_foreground"] == pytest.approx(PREDICTED_FOREGROUND)
 
 
 class FixedLogits(nn.Module):
@@ -71,7 +73,10 @@ def test_evaluate_against_the_hand_example_and_independent_of_batching():
     assert whole["dice_with_background"] == pytest.approx(DICE_ALL)
     assert whole["miou"] == pytest.approx(MIOU)
     assert whole["acc"] == pytest.approx(ACC)
-    assert whole.keys() == {"dice", "dice_with_background", "miou", "acc", "loss", "hd95", "surface_dice"}
+    assert whole["predicted_foreground"] == pytest.approx(PREDICTED_FOREGROUND)
+    assert whole.keys() == {
+        "dice", "dice_with_background", "miou", "acc", "predicted_foreground", "loss", "hd95", "surface_dice"
+    }  # fmt: skip
     for k in whole:
         assert split[k] == pytest.approx(whole[k])
 

@@ -100,6 +100,7 @@ def test_detect_collapse_gives_flags_and_messages():
         "train_loss_growth": False,
         "single_class_clients": None,
         "zero_dice_clients": None,
+        "foreground_everywhere_clients": None,
         "degenerate_rounds": None,
         "messages": [],
     }
@@ -230,3 +231,15 @@ def test_each_client_is_judged_by_the_model_it_is_evaluated_with():
     assert any(m.startswith("the personal model (each client's own") and "1 of 2" in m for m in found.messages)
     same = {"pooled": HEALTHY, "clients": {"global": {"b": ONE_CLASS_SITE}, "personal": {"b": ONE_CLASS_SITE}}}
     assert any(m.startswith("the global model predicts") for m in detect_collapse(same, num_classes=2).messages)
+
+
+def test_a_segmentation_model_that_paints_foreground_everywhere_is_flagged():
+    """Failed before: only background everywhere (Dice 0) was flagged; ~98 % foreground at Dice 0.045 was not."""
+    evaluation = {"clients": {"global": {"a": {"dice": 0.045, "predicted_foreground": 0.98},
+                                         "b": {"dice": 0.7, "predicted_foreground": 0.08}}}}  # fmt: skip
+    found = detect_collapse(evaluation)
+    assert found.foreground_everywhere_clients == ("a",) and found.detected
+    assert any("foreground everywhere" in m and "1 of 2" in m for m in found.messages)
+    mostly_foreground = {"clients": {"global": {"a": {"dice": 0.97, "predicted_foreground": 0.98}}}}
+    assert detect_collapse(mostly_foreground).foreground_everywhere_clients == ()  # right when the masks are so
+    assert detect_collapse({"clients": {"global": {"a": {"dice": 0.2}}}}).foreground_everywhere_clients is None
