@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.engines import distributed, local_ranks
 from fl_lightning.engines.local import local_federation
+from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.rng import rng_state, set_rng_state
 from fl_lightning.runtime import ClientRuntime
 from fl_lightning.server.federation import Federation
@@ -195,6 +197,35 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
         return ClientRuntime(own.model, own.datamodule, own.trainer, own.config_init["federation"], seed)
 
     return _federation(cli, local_federation, runtime_factory=runtime_factory).run()
+
+
+#: Errors that, raised before the first round trains, are the user's to fix (a key, a file, a row, a setting): the
+#: command prints their message as one line and exits with status 2.
+USER_ERRORS = (ValueError, KeyError, OSError, PreconditionError)
+#: Set (to anything but 0) to get the whole traceback of such an error instead.
+DEBUG_ENV = "FL_LIGHTNING_DEBUG"
+
+
+def command(argv: list[str] | None = None) -> int:
+    """``train.py``'s entry: :func:`main`, with an error of the user's before training as one line, exit status 2.
+
+    An error raised once a round has started training, or any error with ``FL_LIGHTNING_DEBUG=1``, keeps its
+    traceback. What was written so far stays: the run directory is left for a resume or a restart.
+    """
+    try:
+        main(argv)
+    except USER_ERRORS as err:
+        if os.environ.get(DEBUG_ENV, "0") not in ("", "0") or _while_training(err):
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}  (the traceback: {DEBUG_ENV}=1)", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _while_training(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside a round (a frame of ``Federation.run_round`` is on its traceback)."""
+    return any(frame.name == "run_round" for frame in traceback.extract_tb(err.__traceback__))
 
 
 def _build(argv: list[str], launch: bool = False) -> FederatedCLI:

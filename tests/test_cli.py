@@ -1,9 +1,15 @@
 """LightningCLI conventions: composition, overrides, --print_config, --help, and errors that name the key."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from callbacks import FedProx
+from fl_lightning import cli
 from fl_lightning.cli import build_cli, main
 
 BASE = "configs/fedavg_digits.yaml"
@@ -133,3 +139,36 @@ def test_train_py_freezes_what_it_imported_and_leaves_the_collector_on():
     out = subprocess.run([sys.executable, "-c", probe], cwd=repo, capture_output=True, text=True, check=True)
     enabled, frozen = out.stdout.split()
     assert enabled == "True" and int(frozen) > 100_000  # Lightning and torch alone are several 100,000 objects
+
+
+def run_train_py(*args: str, **env: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "train.py", "--config", BASE, *args], cwd=root, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **env})  # fmt: skip
+
+
+def test_a_user_error_before_training_is_one_line_with_exit_status_2(tmp_path):
+    """Failed before: a ~45-line traceback from the CLI's instantiation ended with the message, exit status 1."""
+    proc = run_train_py("--data.alpha=-1", f"--federation.output_dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert "invalid data (datamodules.DigitsFederated): alpha must be > 0, got -1.0" in line
+    debug = run_train_py("--data.alpha=-1", f"--federation.output_dir={tmp_path}", FL_LIGHTNING_DEBUG="1")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # the switch gives the whole traceback
+
+
+def test_only_errors_before_the_first_round_are_shortened():
+    def raised_in(function):
+        try:
+            function()
+        except ValueError as err:
+            return err
+
+    def run_round():
+        raise ValueError("in a round")
+
+    def setup():
+        raise ValueError("before training")
+
+    assert cli._while_training(raised_in(run_round)) and not cli._while_training(raised_in(setup))
