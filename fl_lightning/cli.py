@@ -215,7 +215,9 @@ def command(argv: list[str] | None = None) -> int:
     try:
         main(argv)
     except USER_ERRORS as err:
-        if os.environ.get(DEBUG_ENV, "0") not in ("", "0") or _while_training(err):
+        debug = os.environ.get(DEBUG_ENV, "0") not in ("", "0")
+        # a PreconditionError is raised before the step it refuses (DP-SGD's budget checks run at a first fit)
+        if debug or (_while_training(err) and not isinstance(err, PreconditionError)):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}  (the traceback: {DEBUG_ENV}=1)", file=sys.stderr)

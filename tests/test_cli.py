@@ -172,3 +172,11 @@ def test_only_errors_before_the_first_round_are_shortened():
         raise ValueError("before training")
 
     assert cli._while_training(raised_in(run_round)) and not cli._while_training(raised_in(setup))
+
+
+def test_a_method_refusing_its_setting_at_the_first_fit_is_one_line_too(tmp_path):
+    proc = run_train_py("--trainer.callbacks+=callbacks.DPSGD", "--trainer.callbacks.target_epsilon=0.0001",
+                        "--model.init_args.norm=group", f"--federation.output_dir={tmp_path}")  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert any(line.startswith("error: DPSGD target_epsilon=0.0001 cannot be reached") for line in
+               proc.stderr.splitlines())  # fmt: skip
