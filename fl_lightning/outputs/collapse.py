@@ -246,7 +246,20 @@ def judged_model(evaluation: Mapping[str, Any]) -> str:
     """
     clients = evaluation.get("clients") or {}
     personal, global_ = clients.get("personal") or {}, clients.get("global") or {}
-    return "personal" if personal and personal != global_ else "global"
+    return "personal" if personal and not _same_metrics(personal, global_) else "global"
+
+
+def _same_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Per-client metrics equal value for value, NaN equal to NaN (a decoded copy holds other NaN objects)."""
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            return True
+        return x == y
+
+    return same(a, b)
 
 
 def detect_collapse(

@@ -229,7 +229,11 @@ def test_each_client_is_judged_by_the_model_it_is_evaluated_with():
     found = detect_collapse(broken, num_classes=2)
     assert found.single_class_clients == ("b",) and found.detected
     assert any(m.startswith("the personal model (each client's own") and "1 of 2" in m for m in found.messages)
-    same = {"pooled": HEALTHY, "clients": {"global": {"b": ONE_CLASS_SITE}, "personal": {"b": ONE_CLASS_SITE}}}
+    nan = {**ONE_CLASS_SITE, "auroc_extra": float("nan")}  # a decoded copy holds another NaN object
+    same = {
+        "pooled": HEALTHY,
+        "clients": {"global": {"b": nan}, "personal": {"b": {**nan, "auroc_extra": float("nan")}}},
+    }
     assert any(m.startswith("the global model predicts") for m in detect_collapse(same, num_classes=2).messages)
 
 
