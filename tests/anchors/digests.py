@@ -32,6 +32,20 @@ def digests(out: Path) -> dict[str, dict]:
     return {k: {"sha256": v["sha256"], "summary": v["summary"]} for k, v in found.items()}
 
 
+def what_differs(want: dict | None, got: dict | None) -> str:
+    """Which part of a run's digest differs: its final states, or which summary entries (added, gone, changed)."""
+    if want is None or got is None:
+        return "run only in " + ("this check" if want is None else "the written digests")
+    parts = [] if want["sha256"] == got["sha256"] else ["final states"]
+    w, g = want["summary"], got["summary"]
+    added, gone = sorted(g.keys() - w.keys()), sorted(w.keys() - g.keys())
+    changed = sorted(k for k in w.keys() & g.keys() if w[k] != g[k])
+    for label, keys in (("summary entries added", added), ("gone", gone), ("changed", changed)):
+        if keys:
+            parts.append(f"{label} {keys[:6]}{' …' if len(keys) > 6 else ''}")
+    return "; ".join(parts) or "nothing (equal)"
+
+
 def main_(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)
@@ -47,7 +61,7 @@ def main_(argv: list[str] | None = None) -> int:
     want = json.loads(args.check.read_text())
     differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
     for k in differ:
-        print(f"DIFFERS {k}")
+        print(f"DIFFERS {k}: {what_differs(want.get(k), got.get(k))}")
     print(f"{len(want) - len(differ)} of {len(want)} runs identical bit for bit")
     return 1 if differ else 0
 
