@@ -160,11 +160,11 @@ def check_claimed_size(path: Path, shape: tuple[int, ...], itemsize: int, offset
             f"{path}: its header claims shape {shape} ({voxels:,} voxels, {4 * voxels / 2**30:.1f} GiB as float32), "
             f"above the limit of {MAX_VOXELS:,} voxels: a corrupt header, or a volume to crop or resample first"
         )
-    needed = offset + voxels * itemsize
-    if not str(path).endswith(".gz") and needed > Path(path).stat().st_size:
+    needed, size = offset + voxels * itemsize, Path(path).stat().st_size
+    if not str(path).endswith(".gz") and needed > size:
         raise ValueError(
             f"{path}: its header claims shape {shape} ({needed:,} bytes with the header), but the file has "
-            f"{Path(path).stat().st_size:,} bytes: truncated or corrupt"
+            f"{size:,} bytes: truncated or corrupt"
         )
 
 

@@ -30,19 +30,22 @@ def start(cli_class: type[FederatedCLI], argv: list[str], launch_argv: list[str]
     return caught.value.args[0]
 
 
+def setting_in(form: str, key: str, tmp_path) -> list[str]:
+    """The arguments that set ``federation.<key>`` to 2 in one form: a YAML file, ``--key value`` or ``--key=value``."""
+    if form == "yaml":
+        yaml_file = tmp_path / "c.yaml"
+        yaml_file.write_text(f"federation:\n  {key}: 2\n")
+        return ["--config", str(yaml_file)]
+    return [f"--federation.{key}", "2"] if form == "space" else [f"--federation.{key}=2"]
+
+
 def parsed(argv: list[str]):
     return start(ParseOnly, argv)
 
 
 @pytest.mark.parametrize("form", ["yaml", "space", "equals"])
 def test_workers_per_device_is_read_from_the_parsed_config_in_every_form(tmp_path, form):
-    yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text("federation:\n  workers_per_device: 2\n")
-    argv = {
-        "yaml": ["--config", str(yaml_file)],
-        "space": ["--federation.workers_per_device", "2"],
-        "equals": ["--federation.workers_per_device=2"],
-    }[form]
+    argv = setting_in(form, "workers_per_device", tmp_path)
     config = parsed(argv)
     assert config.federation.workers_per_device == 2
     # local ranks 0 and 1 share GPU 0, ranks 2 and 3 GPU 1
@@ -90,13 +93,7 @@ def launches(monkeypatch):
 
 @pytest.mark.parametrize("form", ["yaml", "space", "equals"])
 def test_workers_start_the_local_ranks_from_the_parsed_config_in_every_form(tmp_path, form, launches):
-    yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text("federation:\n  workers: 2\n")
-    argv = {
-        "yaml": ["--config", str(yaml_file)],
-        "space": ["--federation.workers", "2"],
-        "equals": ["--federation.workers=2"],
-    }[form]
+    argv = setting_in(form, "workers", tmp_path)
     start(Built, argv, launch_argv=argv)
     assert launches == [(argv, 2)]
 

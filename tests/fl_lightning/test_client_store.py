@@ -136,19 +136,21 @@ def test_a_state_file_replaced_by_another_rounds_is_refused_and_resume_falls_bac
     assert path == checkpoint_path(tmp_path, 1) and state["runtime"]["generations"] == {"a": 1, "b": 1}
 
 
+def two_rounds_with_b_file(run_dir: Path, content: dict) -> None:
+    """Checkpoints of rounds 1 and 2; round 2's file holding client b rewritten as ``content``, its digest matching."""
+    store = ClientStateStore()
+    save(run_dir, store, 1, runtime({"a": 1, "b": 1}))
+    second = save(run_dir, store, 2, runtime({"a": 2, "b": 2}))
+    entry = torch.load(checkpoint_path(run_dir, 2), weights_only=True)
+    name = second[FILES_KEY]["b"]
+    entry["runtime"][DIGESTS_KEY][name] = save_checkpoint(run_dir / "checkpoints" / STORE_DIR / name, content)
+    save_checkpoint(checkpoint_path(run_dir, 2), entry)
+
+
 def test_a_state_file_without_a_clients_entry_is_named_and_resume_falls_back(tmp_path):
     """Failed before: ``KeyError: 'b'`` out of ``expand`` ended the resume."""
-    store = ClientStateStore()
-    save(tmp_path, store, 1, runtime({"a": 1, "b": 1}))
-    second = save(tmp_path, store, 2, runtime({"a": 2, "b": 2}))
-    entry = torch.load(checkpoint_path(tmp_path, 2), weights_only=True)
     # a valid file that lacks client b, with the digest recorded to match (only the entry is missing)
-    name = second[FILES_KEY]["b"]
-    digest = save_checkpoint(
-        tmp_path / "checkpoints" / STORE_DIR / name, {"a": {"private": runtime({"a": 2})["private"]["a"]}}
-    )
-    entry["runtime"][DIGESTS_KEY][name] = digest
-    save_checkpoint(checkpoint_path(tmp_path, 2), entry)
+    two_rounds_with_b_file(tmp_path, {"a": {"private": runtime({"a": 2})["private"]["a"]}})
     with pytest.raises(RuntimeError, match=r"client state file .*\.clients holds no state of client 'b'"):
         load_checkpoint(checkpoint_path(tmp_path, 2))
     with pytest.warns(UserWarning, match="holds no state of client 'b'"):
@@ -174,14 +176,8 @@ def test_a_garbage_checkpoint_is_called_unreadable_without_advice_to_load_it_uns
 
 def test_a_malformed_entry_is_refused_and_resume_falls_back(tmp_path):
     """Failed before: an entry of the wrong shape ended the resume with a TypeError in the client runtime."""
-    store = ClientStateStore()
-    save(tmp_path, store, 1, runtime({"a": 1, "b": 1}))
-    second = save(tmp_path, store, 2, runtime({"a": 2, "b": 2}))
-    entry = torch.load(checkpoint_path(tmp_path, 2), weights_only=True)
-    name = second[FILES_KEY]["b"]
     bad = {"a": {"private": runtime({"a": 2})["private"]["a"]}, "b": {"private": {"global": [1, 2]}}}
-    entry["runtime"][DIGESTS_KEY][name] = save_checkpoint(tmp_path / "checkpoints" / STORE_DIR / name, bad)
-    save_checkpoint(checkpoint_path(tmp_path, 2), entry)
+    two_rounds_with_b_file(tmp_path, bad)
     with pytest.raises(RuntimeError, match=r"holds no valid state of client 'b'"):
         load_checkpoint(checkpoint_path(tmp_path, 2))
     with pytest.warns(UserWarning, match="holds no valid state of client 'b'"):
