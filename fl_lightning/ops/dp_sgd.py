@@ -110,6 +110,11 @@ def poisson_loader(
     Opacus' :class:`UniformWithReplacementSampler` draws the batches (and its collate function turns an empty
     draw into a zero-length batch), from ``generator`` only: the batches depend on its seed and nothing else.
     ``collate_fn`` is the client loader's own (a dataset read one batch at a time brings its own).
+
+    The loader's iterators draw their base seed (unused: no worker processes) from a generator of the loader's own,
+    never from torch's global one: Lightning creates a different number of iterators on a Trainer's first fit than
+    on later ones, so a resumed process would otherwise be a draw behind and every dropout mask after it would
+    differ from the uninterrupted run's.
     """
     from opacus.data_loader import wrap_collate_with_empty
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
@@ -122,4 +127,5 @@ def poisson_loader(
         batch_sampler=sampler,
         num_workers=0,
         collate_fn=wrap_collate_with_empty(collate_fn=collate_fn),
+        generator=torch.Generator().manual_seed(0),
     )

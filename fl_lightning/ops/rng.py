@@ -1,12 +1,15 @@
 """The process's global random generators (Python, NumPy, torch CPU and CUDA): capture and restore.
 
 A checkpoint stores them so a resume draws what the uninterrupted run drew; a method that must not disturb the
-run's draws (local fine-tuning's evaluation-time passes) brackets its own with them.
+run's draws (local fine-tuning's evaluation-time passes) brackets its own with them; a client's fit runs inside
+:func:`seeded_rng`, so what it draws depends on its own seed only.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -41,6 +44,25 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Run the block with every global generator seeded from ``seed``; restore the states they had afterwards.
+
+    Python's ``random``, NumPy's and torch's (CPU and every CUDA device) generators are seeded from ``seed``
+    (NumPy's from ``seed mod 2³²``, its limit), so the block's draws — dropout masks, a transform's random crop —
+    are a function of ``seed`` alone, not of what ran before it in the process; the outer draws carry on after the
+    block as if it had not run, an exception included.
+    """
+    saved = rng_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds the CUDA devices' generators too
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
 
 
 def _as_tuple(value: Any) -> Any:

@@ -26,6 +26,7 @@ from fl_lightning.callback import ClientContext, FederatedCallback
 from fl_lightning.config import FederationConfig
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state, select_keys
+from fl_lightning.ops.rng import seeded_rng
 from fl_lightning.ops.state import StateDict, all_finite
 from fl_lightning.runtime.local_fit import LocalFitter
 from fl_lightning.wire import protocol
@@ -92,6 +93,9 @@ class ClientRuntime:
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
         self.generations: dict[str, int] = {}
+        # (kind, client, group, query) -> how many such tasks ran in round _task_round (see task_seed)
+        self._task_round = -1
+        self._task_repeats: dict[tuple[str, str, str, str], int] = {}
 
     @property
     def device(self) -> torch.device:
@@ -139,7 +143,23 @@ class ClientRuntime:
             raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
         if task.kind != protocol.EVALUATE:  # the only kind that changes no state
             self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
-        return handlers[task.kind](task)
+        with seeded_rng(self.task_seed(task)):
+            return handlers[task.kind](task)
+
+    def task_seed(self, task: Task) -> int:
+        """The seed of the global generators while ``task`` runs: (run seed, task, client, round, group, repeat).
+
+        A client's dropout masks and random transforms then depend on the client and the round alone, not on which
+        process hosts it or which clients it followed there, so one process, any number of ranks, Flower sites and
+        a resumed run all draw the same. ``repeat`` counts the same task of the client earlier in the round (a
+        peer-to-peer client fits once per turn), so two fits never share their draws.
+        """
+        key = (task.kind, task.client_id, task.group, task.query)
+        if self._task_round != task.round:
+            self._task_round, self._task_repeats = task.round, {}
+        repeat = self._task_repeats.get(key, 0)
+        self._task_repeats[key] = repeat + 1
+        return stable_seed(self.seed, "client-task", *key, task.round, repeat)
 
     def handle_bytes(self, data: bytes) -> bytes:
         """Answer an encoded task with an encoded reply (what a remote transport calls)."""

@@ -158,18 +158,34 @@ class LocalFitter:
             warnings.warn(f"client {client_id!r} ran {ran} batches, expected {expected}", stacklevel=3)
 
     def _warn_if_unreproducible(self, loader: DataLoader, client_id: str) -> None:
-        """Warn once when a training loader shuffles with torch's ``RandomSampler``.
+        """Warn once when a training loader's randomness is not a function of (seed, client, round).
 
-        Its shuffling state is not in the round checkpoints (a resumed run sees other batches), and
-        Lightning draws one extra permutation from it per ``trainer.fit`` after the first.
+        Two causes: torch's ``RandomSampler`` (its shuffling state is not in the round checkpoints, so a resumed
+        run sees other batches, and Lightning draws an extra permutation from it per ``trainer.fit`` after the
+        first), and a loader without a ``generator`` of its own (each ``iter()`` then draws a base seed from torch's
+        global generator, and Lightning iterates once on a Trainer's first fit but twice on later ones, so the
+        dropout masks and random transforms of a client differ between one process, ranks and a resumed run).
         """
-        if self._warned_random_sampler or not isinstance(getattr(loader, "sampler", None), RandomSampler):
+        if self._warned_random_sampler or not isinstance(loader, DataLoader):
+            return
+        problems = []
+        if isinstance(loader.sampler, RandomSampler):
+            problems.append(
+                "shuffles with torch's RandomSampler: its state is not saved in round checkpoints (a resumed run "
+                "sees other batches) and Lightning draws an extra permutation from it on every fit after the first"
+            )
+        if loader.generator is None:
+            problems.append(
+                "has no generator of its own: each iter() draws from torch's global generator, and Lightning "
+                "iterates once on a Trainer's first fit but twice on later ones, so dropout masks and random "
+                "transforms differ between one process, ranks and a resumed run"
+            )
+        if not problems:
             return
         self._warned_random_sampler = True
         warnings.warn(
-            f"the training loader of client {client_id!r} shuffles with torch's RandomSampler: its state is not "
-            "saved in round checkpoints (a resumed run sees other batches) and Lightning draws an extra "
-            "permutation from it on every fit after the first. Use datamodules.sampler.SeededEpochSampler "
-            "(as the built-in datamodules do) for batches that depend only on (seed, client, pass).",
+            f"the training loader of client {client_id!r} " + "; it ".join(problems) + ". Build it as the "
+            "built-in datamodules do: datamodules.sampler.SeededEpochSampler (batches that depend only on "
+            "(seed, client, pass)) and DataLoader(..., generator=datamodules.base.loader_generator(seed, client)).",
             stacklevel=3,
         )

@@ -51,7 +51,9 @@ SECAGG_RUNS = {
         "--trainer.callbacks+=callbacks.SecureAggregation", *PRIVACY_SMALL,
     ],
 }  # fmt: skip
-PRIVACY_RUNS = {**DP_RUNS, **SECAGG_RUNS}
+# DP-SGD with a dropout layer: Poisson batches and dropout masks both random, carried exactly across ranks and resume.
+DROPOUT_RUNS = {"dpsgd_dropout": [*DP_RUNS["dpsgd"], "--model.net=tests.engines.dropout_net.DropoutCNN"]}
+PRIVACY_RUNS = {**DP_RUNS, **SECAGG_RUNS, **DROPOUT_RUNS}
 
 
 def dp_args(out: Path, name: str, run_name: str, *extra: str) -> list[str]:
@@ -86,10 +88,10 @@ def runs(tmp_path_factory):
     main(resume_args(root, "one-two", "--federation.rounds=1"))  # 1 → 2: the first round in one process
     for name in PRIVACY_RUNS:
         main(dp_args(one, name, name))
-    main(dp_args(root, "dpsgd", "dpsgd-one-two", "--federation.rounds=1"))
+    main(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.rounds=1"))
     jobs = [run_args(name, two, QUIET) for name in RUNS]
     jobs += [dp_args(two, name, name) for name in PRIVACY_RUNS]
-    jobs.append(dp_args(root, "dpsgd", "dpsgd-one-two", "--federation.resume=last"))
+    jobs.append(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.resume=last"))
     jobs.append(resume_args(root, "two-one", "--federation.rounds=1"))  # 2 → 1: the first round on two ranks
     jobs.append(resume_args(root, "one-two", "--federation.resume=last"))
     run_on_two_ranks(jobs)
@@ -213,7 +215,7 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_checkpoint_resumes(tmp_pa
     assert summary["rounds"] == 8
 
 
-@pytest.mark.parametrize("name", ["dpsgd", "dpfedavg", "dpfedavg_secagg"])
+@pytest.mark.parametrize("name", ["dpsgd", "dpfedavg", "dpfedavg_secagg", "dpsgd_dropout"])
 def test_the_privacy_callbacks_give_the_one_process_weights_and_epsilon_on_two_ranks(runs, name):
     one, two = runs / "one" / name, runs / "two" / name
     assert describe(two)["sha256"] == describe(one)["sha256"]
@@ -223,7 +225,8 @@ def test_the_privacy_callbacks_give_the_one_process_weights_and_epsilon_on_two_r
 
 
 def test_dp_sgd_resumed_on_two_ranks_reports_the_uninterrupted_epsilon_and_weights(runs):
-    resumed, uninterrupted = runs / "dpsgd-one-two", runs / "one" / "dpsgd"
+    # With dropout: failed before, when the Poisson loader's iterators drew from torch's global generator.
+    resumed, uninterrupted = runs / "dpsgd-one-two", runs / "one" / "dpsgd_dropout"
     assert describe(resumed)["sha256"] == describe(uninterrupted)["sha256"]
     summaries = [json.loads((run / "summary.json").read_text()) for run in (resumed, uninterrupted)]
     assert summaries[0]["privacy"] == summaries[1]["privacy"]

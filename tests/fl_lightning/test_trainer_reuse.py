@@ -87,6 +87,21 @@ def test_a_random_sampler_loader_is_warned_about_once():
         fitter.fit(model, data.client_train_loader("site1"), 1, "site1")  # the project's sampler: no warning
 
 
+def test_a_loader_without_a_generator_of_its_own_is_warned_about_once():
+    data = tiny_data()
+    split = data.client_data("site0")
+    plain = DataLoader(TensorDataset(split.train_x, split.train_y), batch_size=4)  # no shuffle, no generator
+    fitter = LocalFitter(L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False))
+    model = tiny_model(data)
+    with pytest.warns(UserWarning, match="client 'site0' has no generator of its own") as record:
+        fitter.fit(model, plain, 1, "site0")
+    assert "RandomSampler" not in str(record[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fitter.fit(model, plain, 1, "site0")  # once per fitter
+        fitter.fit(model, data.client_train_loader("site1"), 1, "site1")  # the project's loader has one
+
+
 def test_a_datamodule_reused_by_a_second_run_gives_it_the_same_batches(tmp_path):
     """Failed before: the second run started from the first one's sampler passes and drew different batches."""
     data = tiny_data()
