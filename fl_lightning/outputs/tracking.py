@@ -12,8 +12,9 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger, WandbLogger
 
+from fl_lightning.outputs import tracked_rounds
 from fl_lightning.outputs.wandb_init import is_offline, wandb_init_args
-from fl_lightning.tools.wandb_sync import record_part, resume_message
+from fl_lightning.tools.wandb_sync import SyncRefused, logged_rounds, record_part, resume_message
 
 # Round-level metric families; on W&B each is plotted against "round", not the shared Trainer's step.
 ROUND_PREFIXES = ("eval", "client", "time", "throughput", "round")
@@ -48,6 +49,10 @@ class RoundTracker:
     is used as it is (its ``experiment``): its own folder and id (a resume warns unless its id is the run's).
     ``round`` is declared the x-axis of every round-level key (``eval/*``, ``client/*``, ``time/*``,
     ``throughput/*``, ``round/*``), so per-client curves (``client/<id>/train/loss``) neither overlap nor restart.
+    With an offline W&B run from the config, every round's logged metrics are also recorded in the run directory
+    (:mod:`fl_lightning.outputs.tracked_rounds`); a resume first logs again, from that record, the rounds the
+    checkpoint counts as done but no earlier offline part holds (a ``SIGKILL`` loses the end of W&B's file), so the
+    uploaded history has every round of ``rounds.csv`` once.
     An offline W&B run from the config is opened in a background thread (its service takes ≈ 1–2 s to start,
     time the first round uses instead); the first call that needs it waits for it and raises what opening it
     raised. An online run opens before the first round, so a login or network error stops the run before any
@@ -62,6 +67,8 @@ class RoundTracker:
         self.loggers = list(loggers)
         self._defined: dict[int, set[str]] = {}  # per W&B run: keys given "round" as their x-axis by name
         self._opening: dict[int, _Opening] = {}  # per W&B logger: its opening (background or done)
+        self._journal: Path | None = None  # the run directory, when an offline W&B run's rounds are recorded there
+        self._replay: dict[int, list[dict[str, Any]]] = {}  # per W&B logger: recorded rounds it lost, to log again
 
     @classmethod
     def take_from(cls, trainer: Trainer, logger_config: Any = None) -> RoundTracker:
@@ -85,9 +92,24 @@ class RoundTracker:
         trainer.loggers = []
         return cls(loggers)
 
-    def start(self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None) -> None:
-        """Open the experiments (continuing ``run_id`` on W&B) and log the config once."""
+    def start(
+        self, run_dir: Path, config: dict[str, Any] | None, run_id: str | None = None, done_rounds: int = 0
+    ) -> None:
+        """Open the experiments (continuing ``run_id`` on W&B) and log the config once.
+
+        Args:
+            run_dir: The run directory.
+            config: The resolved config.
+            run_id: The W&B run id to continue (a resumed run), or None.
+            done_rounds: The rounds the resumed checkpoint counts as done (0 for a new run).
+        """
         config = config if run_id is None else None  # a resumed run logged its config already
+        offline = [lg for lg in self.loggers if isinstance(lg, WandbArgs) and is_offline(lg.init_args)]
+        if offline:
+            self._journal = Path(run_dir)
+            recorded = tracked_rounds.cut_back(run_dir, done_rounds) if run_id is not None else []
+            if run_id is not None:
+                self._replay = {id(lg): _lost_rounds(run_dir, done_rounds, recorded) for lg in offline}
         for logger in self.loggers:
             if isinstance(logger, (WandbArgs, WandbLogger)):
                 if run_id is not None and isinstance(logger, WandbArgs) and is_offline(logger.init_args):
@@ -133,23 +155,42 @@ class RoundTracker:
                 histogram of each metric over the clients (``clients/<metric>``) and, on evaluation rounds, the
                 table itself (``clients/table``); other loggers take no tables (``metrics.csv`` has every row).
         """
+        if self._journal is not None:
+            tracked_rounds.append(self._journal, round_idx, metrics, list(clients) if clients else None)
         for logger in self.loggers:
             if isinstance(logger, (WandbArgs, WandbLogger)):
-                logged = {**metrics, **(client_media(*clients) if clients and clients[1] else {})}
-                # WandbLogger's own glob "*" (x-axis trainer/global_step) also matches these keys, and W&B picks
-                # one matching glob at random; a definition by exact name takes precedence over every glob.
-                defined = self._defined.setdefault(id(logger), set())
-                experiment = self._wandb(logger)
-                for key in sorted(logged.keys() - defined):
-                    experiment.define_metric(key, step_metric="round")
-                defined.update(logged)
-                experiment.log({**logged, "round": round_idx})
+                self._log_again(logger)
+                self._log_wandb(logger, round_idx, metrics, clients)
             else:
                 logger.log_metrics(metrics, step=round_idx)
+
+    def _log_wandb(
+        self,
+        logger: Tracked,
+        round_idx: int,
+        metrics: dict[str, float],
+        clients: tuple[list[str], list[list[Any]]] | None,
+    ) -> None:
+        logged = {**metrics, **(client_media(*clients) if clients and clients[1] else {})}
+        # WandbLogger's own glob "*" (x-axis trainer/global_step) also matches these keys, and W&B picks
+        # one matching glob at random; a definition by exact name takes precedence over every glob.
+        defined = self._defined.setdefault(id(logger), set())
+        experiment = self._wandb(logger)
+        for key in sorted(logged.keys() - defined):
+            experiment.define_metric(key, step_metric="round")
+        defined.update(logged)
+        experiment.log({**logged, "round": round_idx})
+
+    def _log_again(self, logger: Tracked) -> None:
+        """Log the recorded rounds this resumed W&B run lost (once, before its first new row)."""
+        for entry in self._replay.pop(id(logger), []):
+            self._log_wandb(logger, entry["round"], entry["metrics"], entry["clients"])
 
     def finish(self, status: str = "success") -> None:
         """Flush and close every logger (a W&B run this tracker opened is finished, with exit code 1 if failed)."""
         for logger in self.loggers:
+            if id(logger) in self._replay and self._wandb(logger, raise_error=False) is not None:
+                self._log_again(logger)  # a resume that ran no new round still mends the history
             experiment = self._wandb(logger, raise_error=status == "success")  # a failed run's own error matters more
             if isinstance(logger, Logger):
                 logger.finalize(status)
@@ -163,6 +204,28 @@ class RoundTracker:
             if experiment is not None:
                 return experiment.id
         return None
+
+
+def _lost_rounds(run_dir: Path, done_rounds: int, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded calls of the rounds a resumed offline run must log again (``rounds_to_log_again``).
+
+    Warns when the earlier parts cannot be read, or when a lost round has no record (a run started before the
+    record existed): W&B's history then lacks those rounds, and ``wandb_sync --dry-run`` names them.
+    """
+    try:
+        rounds = tracked_rounds.rounds_to_log_again(logged_rounds(run_dir), done_rounds)
+    except SyncRefused as err:
+        warnings.warn(f"W&B resume: the earlier offline parts cannot be read ({err}); no lost round is logged again",
+                      stacklevel=3)  # fmt: skip
+        return []
+    unrecorded = sorted(set(rounds) - {e["round"] for e in recorded})
+    if unrecorded:
+        warnings.warn(
+            f"W&B resume: rounds {unrecorded} are done (rounds.csv) but in no offline W&B part and not in "
+            f"{tracked_rounds.JOURNAL} (the run started before it existed): W&B's history will lack them",
+            stacklevel=3,
+        )
+    return [e for e in recorded if e["round"] in rounds]
 
 
 def _from_spec(spec: Any, logger: Logger) -> Tracked:

@@ -107,7 +107,7 @@ class Federation(Server):
         self.setup()
         cfg = self.config
         run_id = self._open_run_dir()
-        self.tracker.start(self.run_dir.path, self.config_dict, run_id=run_id)
+        self.tracker.start(self.run_dir.path, self.config_dict, run_id=run_id, done_rounds=self.round)
         self.transport.start(self.run_dir.path)
         for cb in self.callbacks:
             cb.on_federation_start(self)

@@ -19,16 +19,24 @@ wandb-core ``transactionlog.OpenWriter``). What ``wandb sync`` (wandb 0.31, wand
   rows that the later part logs again (``rounds.csv`` was cut back to the checkpoint; W&B is not): with ``_step``
   reassigned, nothing is dropped, and the chart would show those rounds twice.
 
+- A run killed with ``SIGKILL`` loses the end of its part (wandb-core writes the file in 32 KiB blocks), possibly
+  rounds the checkpoint counts as done; the resume then starts after them. The round tracker logs them again into
+  the resumed part from the run's own record (:mod:`fl_lightning.outputs.tracked_rounds`), and this helper leaves
+  them out of the earlier part like any round a later part logs.
+
 This helper finds the parts (the run directory's ``wandb/`` folder and :data:`RECORD`, which the round tracker
 writes for each offline part, also one outside the run directory), checks they are one run, and uploads them in
 order with one ``wandb sync`` each. A part holding rounds that a later part logs again is uploaded from a copy
-without those rows (``wandb/fl_lightning-trimmed/<part>``; the original stays as W&B wrote it). ``--dry-run``
-prints the commands without running anything.
+without those rows (``wandb/fl_lightning-trimmed/<part>``; the original stays as W&B wrote it). Before
+uploading it reports, by round, what the resulting history would get wrong against ``rounds.csv``: gaps, rounds
+twice, rounds that ``rounds.csv`` does not hold. ``--dry-run`` prints the plan, that report and the commands
+without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shlex
@@ -250,6 +258,19 @@ def find_parts(run_dir: Path) -> tuple[list[Part], list[str]]:
     return parts, notes
 
 
+def logged_rounds(run_dir: Path) -> set[int]:
+    """The rounds some offline W&B part of the run holds a history row of (none when it has no part yet).
+
+    Raises:
+        SyncRefused: If the parts cannot be read as one run (see :func:`find_parts`).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / RECORD).is_file() and not any(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        return set()
+    parts, _ = find_parts(run_dir)
+    return {r for part in parts for r in part.rounds}
+
+
 # ------------------------------------------------------------------------------------------------ the plan
 
 
@@ -311,6 +332,59 @@ def plan(parts: Sequence[Part]) -> list[Upload]:
             source = part.trimmed_file if repeated else part.file
             uploads.append(Upload(part, source.parent, repeated, synced=is_synced(source)))
     return uploads
+
+
+def uploaded_rounds(uploads: Sequence[Upload]) -> list[tuple[int, int]]:
+    """The W&B history the plan makes, as (upload index, round) per history row, in order."""
+    return [
+        (i, r) for i, u in enumerate(uploads) for r in u.part.rounds if not (u.trimmed and r in u.repeated)
+    ]  # fmt: skip
+
+
+def recorded_rounds(run_dir: Path) -> list[int] | None:
+    """The rounds of the run's ``rounds.csv`` (None when ``run_dir`` has none: a W&B folder was given)."""
+    path = Path(run_dir) / "rounds.csv"
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8", newline="") as f:
+        return [int(float(row["round"])) for row in csv.DictReader(f) if row.get("round")]
+
+
+def history_problems(uploads: Sequence[Upload], recorded: list[int] | None) -> list[str]:
+    """What is wrong with the history the plan makes, by round: gaps, duplicates, rounds ``rounds.csv`` lacks.
+
+    A round appears in the history more than once when rows of it come from two parts or it comes back after a
+    later round; two rows of one round in a row from one part are one round (a callback's additions to it).
+    """
+    rows = uploaded_rounds(uploads)
+    problems = []
+    seen: dict[int, int] = {}
+    duplicates, last = set(), None
+    for index, r in rows:
+        if r in seen and (seen[r] != index or last != r):
+            duplicates.add(r)
+        seen.setdefault(r, index)
+        last = r
+    if duplicates:
+        problems.append(
+            f"rounds {sorted(duplicates)} appear more than once in the history (parts uploaded before this helper "
+            "could leave rows out: W&B holds them as uploaded)"
+        )
+    if recorded is not None:
+        gaps = sorted(set(recorded) - set(seen))
+        extra = sorted(set(seen) - set(recorded))
+        if gaps:
+            problems.append(
+                f"rounds {gaps} are in rounds.csv but in no W&B part (lost when the run was killed): resuming the "
+                "run with this version logs them again from tracked_rounds.jsonl before its next round; a run "
+                "started before that record existed cannot get them back"
+            )
+        if extra:
+            problems.append(
+                f"rounds {extra} are in W&B but not in rounds.csv (logged after the last checkpoint of a run that "
+                "was killed and not resumed): resume it to run them again"
+            )
+    return problems
 
 
 def write_trimmed(upload: Upload) -> None:
@@ -393,6 +467,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"     rounds {u.repeated} are run again by a later part: uploaded from {u.source} without them")
         elif u.repeated:
             print(f"     rounds {u.repeated} are run again by a later part: W&B shows them twice (uploaded before)")
+    recorded = recorded_rounds(args.run_dir)
+    problems = history_problems(uploads, recorded)
+    history = sorted({r for _, r in uploaded_rounds(uploads)})
+    if not problems:
+        span = f"rounds {history[0]}-{history[-1]}" if history else "no rounds"
+        print(f"history after the upload: {span}, each once{', as in rounds.csv' if recorded is not None else ''}")
+    for problem in problems:
+        print(f"warning: {problem}")
     todo = [u for u in uploads if not u.synced]
     for upload, cmd in zip(todo, commands(todo, wandb, extra)):
         print(("would run: " if args.dry_run else "running: ") + shlex.join(cmd), flush=True)

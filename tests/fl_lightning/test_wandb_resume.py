@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import threading
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from fl_lightning.cli import main
 from fl_lightning.outputs.tracking import WandbOfflineResumeWarning
 from fl_lightning.tools import wandb_sync
 from tests.test_configs import TINY
-from tests.wandb_offline import read_records
+from tests.wandb_offline import history_and_config, read_records
 
 CONFIG = "configs/fedavg_digits.yaml"
 ARGS = [
@@ -206,6 +207,87 @@ def test_wandb_sync_itself_orders_the_parts_but_keeps_repeated_rounds(run_dir, b
     subprocess.run([*wandb_sync.default_wandb(), "sync", str(run_dir / "wandb")], check=True)
     rows = history(backend)
     assert [r["round"] for r in rows] == [1, 2, 3, 3, 4] and [r["_step"] for r in rows] == [0, 1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------ a killed run's hole
+
+
+def _cut_before_round(file: Path, round_idx: int) -> None:
+    """Cut ``file`` as a SIGKILL does: mid-record, inside the history row of ``round_idx`` (nothing after it)."""
+    payloads = list(wandb_sync.read_payloads(file))
+    keep = next(i for i, p in enumerate(payloads) if wandb_sync._round_of(p) == round_idx)
+    prefix = file.with_suffix(".prefix")
+    wandb_sync.write_payloads(prefix, payloads[:keep])
+    cut = len(prefix.read_bytes()) + 20  # the same LevelDB-log chunking: a prefix of the file, plus 20 bytes
+    prefix.unlink()
+    file.write_bytes(file.read_bytes()[:cut])
+
+
+def _killed_after_round_3(out: Path, journal: bool) -> tuple[Path, list[dict]]:
+    """Three rounds, checkpoint 3 written, W&B's file cut inside round 3; then resumed to round 4."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in OFFLINE_ENV.items():
+            mp.setenv(key, value)
+        main([*ARGS, f"--federation.output_dir={out}", "--federation.rounds=3"])
+        (first,) = (out / "r").glob("wandb/offline-run-*/run-*.wandb")
+        logged = [h for h in history_and_config(first)[0] if "round" in h]
+        _cut_before_round(first, 3)
+        assert rounds_of(first) == [1, 2]
+        if not journal:  # a run started before the record existed
+            (out / "r" / "tracked_rounds.jsonl").unlink()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            main([*ARGS, f"--federation.output_dir={out}", "--federation.rounds=4", "--federation.resume=last"])
+    return out / "r", [logged, [str(w.message) for w in warned]]
+
+
+def test_a_round_lost_by_a_kill_is_logged_again_at_the_resume_and_the_upload_has_every_round(tmp_path, backend):
+    """Failed before: part 1 held rounds 1-2, part 2 round 4; the plan and the upload said nothing of round 3."""
+    run_dir, (logged, _) = _killed_after_round_3(tmp_path / "out", journal=True)
+    parts, _ = wandb_sync.find_parts(run_dir)
+    assert [p.rounds for p in parts] == [[1, 2], [3, 4]]
+    # round 3 again, exactly as it was logged the first time (W&B's own keys aside)
+    again = [h for h in history_and_config(parts[1].file)[0] if "round" in h][0]
+    strip = lambda row: {k: v for k, v in row.items() if not k.startswith("_")}  # noqa: E731
+    assert strip(again) == strip(logged[2]) and json.loads(again["round"]) == 3
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdout", out := __import__("io").StringIO())
+        assert wandb_sync.main([str(run_dir), "--dry-run", "--wandb", "wandb"]) == 0
+    assert "history after the upload: rounds 1-4, each once, as in rounds.csv" in out.getvalue()
+    assert "warning" not in out.getvalue()
+    assert wandb_sync.main([str(run_dir)]) == 0
+    assert [r["round"] for r in history(backend)] == [1, 2, 3, 4]
+
+
+def test_the_dry_run_reports_a_round_no_part_holds_and_the_resume_warns(tmp_path, capsys):
+    run_dir, (_, warned) = _killed_after_round_3(tmp_path / "out", journal=False)
+    assert any("rounds [3] are done (rounds.csv) but in no offline W&B part" in w for w in warned)
+    capsys.readouterr()
+    assert wandb_sync.main([str(run_dir), "--dry-run", "--wandb", "wandb"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: rounds [3] are in rounds.csv but in no W&B part" in out and "history after" not in out
+
+
+def test_the_report_names_rounds_twice_and_rounds_rounds_csv_lacks(tmp_path):
+    wandb_dir = tmp_path / "r" / "wandb"
+    write_part(wandb_dir, "1", "abc", 10, False, rounds=[1, 2, 2, 3])  # round 2 twice in a row: one round
+    write_part(wandb_dir, "2", "abc", 20, True, rounds=[3, 4, 5])
+    (tmp_path / "r" / "rounds.csv").write_text("round,x\n1,0\n2,0\n3,0\n4,0\n")
+    parts, _ = wandb_sync.find_parts(tmp_path / "r")
+    uploads = wandb_sync.plan(parts)
+    assert wandb_sync.history_problems(uploads, [1, 2, 3, 4]) == [
+        "rounds [5] are in W&B but not in rounds.csv (logged after the last checkpoint of a run that was killed and "
+        "not resumed): resume it to run them again"
+    ]
+    (uploads[0].part.file.with_name(uploads[0].part.file.name + ".synced")).touch()  # uploaded whole, before
+    problems = wandb_sync.history_problems(wandb_sync.plan(parts), [1, 2, 3, 4, 5])
+    assert len(problems) == 1 and problems[0].startswith("rounds [3] appear more than once")
+    assert wandb_sync.history_problems(wandb_sync.plan(parts[:1]), [1, 2, 3, 4]) == [
+        "rounds [4] are in rounds.csv but in no W&B part (lost when the run was killed): resuming the run with this "
+        "version logs them again from tracked_rounds.jsonl before its next round; a run started before that record "
+        "existed cannot get them back"
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ refusals
