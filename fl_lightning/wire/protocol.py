@@ -35,6 +35,12 @@ _TAG = "__fl__"  # key of tagged JSON objects (tensors, tuples, dicts with non-s
 # rank's or a Flower site's state file), which may pass 4 GiB on a big simulation: hence 16 GiB.
 MAX_BYTES = 16 * 2**30
 MAX_HEADER_BYTES = 64 * 2**20  # the JSON structure: ~100 bytes per tensor, plus plain payloads (parsed in Python)
+# Parsed JSON costs far more than its bytes (an empty object: 2 bytes, a 64-byte dict; 8 MiB of them took 400 MB):
+# the header's nodes are counted before it is parsed, and may number this many plus one per HEADER_NODE_BYTES bytes
+# of tensor data. A model state's header has ~10 nodes per tensor (a DenseNet-121 state: ~6,000; a rank's runtime
+# state of 1,000 FedBN clients with optimiser states: ~250,000); at most ~100 MB of parsed header beyond the data.
+MAX_HEADER_NODES = 2**20
+HEADER_NODE_BYTES = 64
 MAX_DEPTH = 64  # nesting of lists, dicts, tuples and messages (a relayed task inside a payload is ~10 deep)
 MAX_DIMS = 64  # dimensions of one tensor
 _MAX_ELEMENTS = 2**62  # a shape's dimensions (zeros counted as ones) must multiply below torch's int64 strides
@@ -211,11 +217,14 @@ def decode(
     max_bytes: int = MAX_BYTES,
     max_header_bytes: int = MAX_HEADER_BYTES,
     max_depth: int = MAX_DEPTH,
+    max_header_nodes: int = MAX_HEADER_NODES,
 ) -> Any:
     """Bytes from :func:`encode` → the same plain data (a :class:`Task`/:class:`Reply` comes back as one).
 
     The bytes may come from another process or the network, so everything is checked before it is used: the
-    prefix, header length and buffer sizes against the message's length before the header is parsed; then, node
+    prefix, header length and the number of JSON nodes the header can hold (a count of its ``{``, ``[`` and ``,``,
+    so the parse's memory is bounded by the message's size), then the buffer sizes against the message's length
+    before any tensor is built; then, node
     by node, known node kinds with exactly their fields, task and reply fields of the right types, dtypes of
     :data:`DTYPES` only, and a shape that fits its buffer exactly before that tensor is allocated. A buffer backs
     at most one tensor, and every buffer must back one. So the tensors built, even by a decode that fails
@@ -226,6 +235,8 @@ def decode(
         max_bytes: The largest message accepted (:data:`MAX_BYTES`).
         max_header_bytes: The largest JSON header accepted (:data:`MAX_HEADER_BYTES`).
         max_depth: The deepest nesting of lists, dicts, tuples and messages accepted (:data:`MAX_DEPTH`).
+        max_header_nodes: The JSON nodes a header may hold beyond one per :data:`HEADER_NODE_BYTES` bytes of the
+            message's tensor data (:data:`MAX_HEADER_NODES`).
 
     Raises:
         MessageError: If ``data`` is not a complete, well-formed message within these limits; the error says
@@ -242,7 +253,9 @@ def decode(
         raise MessageError(f"header length {n} runs past the message ({len(view) - PREFIX} bytes after the prefix)")
     if n > max_header_bytes:
         raise MessageError(f"header of {n} bytes exceeds the limit of {max_header_bytes} bytes")
-    tree, sizes = _parse_header(bytes(view[PREFIX : PREFIX + n]))
+    header = bytes(view[PREFIX : PREFIX + n])
+    _check_node_count(header, len(view) - PREFIX - n, max_header_nodes)
+    tree, sizes = _parse_header(header)
     offsets = list(itertools.accumulate(sizes, initial=PREFIX + n))
     if offsets[-1] != len(view):
         raise MessageError(f"message length {len(view)} does not match its header ({offsets[-1]})")
@@ -284,6 +297,21 @@ def _byte_view(data: Any) -> memoryview:
 def _reject_constant(name: str) -> None:
     # json.loads accepts NaN/Infinity literals; encode never writes them (non-finite floats are tagged).
     raise MessageError(f"non-standard JSON constant {name} in the header")
+
+
+def _check_node_count(header: bytes, data_bytes: int, max_nodes: int) -> None:
+    """Refuse a header that can hold more JSON nodes than ``max_nodes`` plus one per 64 bytes of ``data_bytes``.
+
+    Every container opens with ``{`` or ``[`` and every value after a container's first follows a ``,``: their
+    count (plus one) bounds the nodes from above (characters inside strings count too: never too few).
+    """
+    nodes = header.count(b"{") + header.count(b"[") + header.count(b",") + 1
+    limit = max_nodes + data_bytes // HEADER_NODE_BYTES
+    if nodes > limit:
+        raise MessageError(
+            f"header of {len(header)} bytes holds up to {nodes} JSON nodes, more than the limit of {limit} "
+            f"({max_nodes} plus one per {HEADER_NODE_BYTES} bytes of the message's {data_bytes} bytes of tensor data)"
+        )
 
 
 def _parse_header(text: bytes) -> tuple[Any, list[int]]:

@@ -500,11 +500,40 @@ def test_bytearray_and_memoryview_messages_decode_and_odd_views_are_refused():
 def test_the_size_limits_are_keyword_arguments_with_documented_defaults():
     data = encode({"w": torch.zeros(100)})
     assert protocol.MAX_BYTES >= 4 * 2**30 and protocol.MAX_HEADER_BYTES >= 2**20 and protocol.MAX_DEPTH >= 32
+    assert protocol.MAX_HEADER_NODES >= 2**20
     with pytest.raises(MessageError, match=f"message of {len(data)} bytes exceeds the limit of 100 bytes"):
         decode(data, max_bytes=100)
     with pytest.raises(MessageError, match="exceeds the limit of 10 bytes"):
         decode(data, max_header_bytes=10)
     assert torch.equal(decode(data, max_bytes=len(data))["w"], torch.zeros(100))
+
+
+def _raw_message(tree: Any, sizes: list[int] = (), data: bytes = b"") -> bytes:
+    header = json.dumps({"tree": tree, "sizes": list(sizes)}, separators=(",", ":")).encode()
+    return MAGIC + struct.pack("<Q", len(header)) + header + data
+
+
+def test_a_header_of_many_empty_objects_is_refused_before_it_is_parsed():
+    """Failed before: 8 MiB of empty objects cost ~400 MB to parse, a 60 MiB header killed the process."""
+    data = _raw_message([{} for _ in range(3_000_000)])  # 9 MiB, well under the header's byte limit
+    assert len(data) < protocol.MAX_HEADER_BYTES
+    with mock.patch.object(protocol.json, "loads", side_effect=AssertionError("parsed")):
+        with pytest.raises(MessageError, match=r"holds up to 6000004 JSON nodes, more than the limit of 1048576"):
+            decode(data)
+
+
+def test_the_node_limit_grows_with_the_tensor_data_and_is_a_keyword_argument():
+    n = 2000
+    tree = {"w": [{"__fl__": "tensor", "i": i, "dtype": "float32", "shape": [16]} for i in range(n)]}
+    data = _raw_message(tree, [64] * n, bytes(64 * n))
+    header = json.dumps({"tree": tree, "sizes": [64] * n}, separators=(",", ":"))
+    nodes = sum(header.count(c) for c in "{[,") + 1  # an upper bound of the JSON values in it
+    assert len(decode(data)["w"]) == n
+    with pytest.raises(MessageError, match="JSON nodes"):
+        decode(data, max_header_nodes=nodes - n - 1)  # one node per 64 bytes of data: n of them
+    assert len(decode(data, max_header_nodes=nodes - n)["w"]) == n
+    state = {f"layer{i}.weight": torch.zeros(3) for i in range(20_000)}  # 20,000 tiny tensors: a real state
+    assert decode(encode(state)).keys() == state.keys()
 
 
 def test_the_field_type_table_covers_every_task_and_reply_field():
