@@ -184,8 +184,14 @@ def read_volume(path: Path) -> tuple[np.ndarray, np.ndarray]:
         ValueError: Naming the file: unreadable (truncated, not NIfTI), not 3D (2D, or 4D with several volumes),
             or holding NaN or infinite voxels.
     """
-    import nibabel  # the medical extra; imported here so that `import datamodules` does not load it
-    from nibabel.filebasedimages import ImageFileError
+    try:
+        import nibabel  # the medical extra; imported here so that `import datamodules` does not load it
+        from nibabel.filebasedimages import ImageFileError
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"reading the NIfTI file {path} needs nibabel, which is not installed: install the medical extra: "
+            "pip install -e '.[medical]'"
+        ) from err
 
     try:
         image = nibabel.load(str(path))  # reads the header only

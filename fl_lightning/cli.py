@@ -19,10 +19,11 @@ from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.engines import distributed, local_ranks
 from fl_lightning.engines.local import local_federation
-from fl_lightning.errors import PreconditionError
+from fl_lightning.errors import MissingExtra, PreconditionError
 from fl_lightning.ops.rng import rng_state, set_rng_state
 from fl_lightning.runtime import ClientRuntime
 from fl_lightning.server.federation import Federation
+from fl_lightning.startup.extras import missing_extra
 
 # main() passes the command line to LightningCLI itself (the ranks and the serialized runtime add to it): intended.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -201,7 +202,7 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
 
 #: Errors that, raised before the first round trains, are the user's to fix (a key, a file, a row, a setting): the
 #: command prints their message as one line and exits with status 2.
-USER_ERRORS = (ValueError, KeyError, OSError, PreconditionError)
+USER_ERRORS = (ValueError, KeyError, OSError, ImportError, PreconditionError)  # ImportError: an extra missing
 #: Set (to anything but 0) to get the whole traceback of such an error instead.
 DEBUG_ENV = "FL_LIGHTNING_DEBUG"
 
@@ -232,6 +233,9 @@ def _while_training(err: BaseException) -> bool:
 
 def _build(argv: list[str], launch: bool = False) -> FederatedCLI:
     """:func:`build_cli`, with jsonargparse's union dump reduced to the user's own error."""
+    missing = missing_extra(argv)
+    if missing is not None:
+        raise MissingExtra(missing)
     try:
         return build_cli(argv, launch=launch)
     except ValueError as err:

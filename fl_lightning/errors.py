@@ -20,3 +20,7 @@ class StopFederation(Exception):  # noqa: N818 - a signal, not an error: the run
 
 class RankError(RuntimeError):
     """A rank of a distributed run died, hung past the timeout, or failed; the message names it."""
+
+
+class MissingExtra(ImportError):
+    """A config or a loader needs a package of an optional extra that is not installed; the message says which."""

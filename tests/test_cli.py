@@ -180,3 +180,45 @@ def test_a_method_refusing_its_setting_at_the_first_fit_is_one_line_too(tmp_path
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert any(line.startswith("error: DPSGD target_epsilon=0.0001 cannot be reached") for line in
                proc.stderr.splitlines())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "where"),
+    [
+        (["--config", "configs/fedavg_camelyon17.yaml"],
+         "configs/fedavg_camelyon17.yaml (model.init_args.net.class_path): monai.networks.nets.DenseNet121"),
+        (["--config", "configs/fedavg_digits.yaml", "--model.net=monai.networks.nets.DenseNet121"],
+         "the command line (--model.net): monai.networks.nets.DenseNet121"),
+    ],
+)  # fmt: skip
+def test_a_recipe_needing_a_missing_extra_says_which_to_install_in_one_line(monkeypatch, capsys, argv, where):
+    """Failed before: a 60-line usage dump with "No module named 'monai'" buried in it."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.setitem(sys.modules, "monai", None)  # as if the medical extra were not installed
+    assert cli.command(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {where} needs the 'monai' package")
+    assert "install the medical extra: pip install -e '.[medical]'" in err
+
+
+def test_a_config_including_another_is_searched_too_and_installed_extras_pass(tmp_path):
+    from fl_lightning.startup.extras import missing_extra
+
+    (tmp_path / "base.yaml").write_text("model:\n  init_args:\n    net:\n      class_path: flwr_absent_pkg.Net\n")
+    (tmp_path / "top.yaml").write_text("config: base.yaml\ntrainer:\n  callbacks:\n    - class_path: ray.X\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "ray", None)
+        assert missing_extra(["--config", str(tmp_path / "top.yaml")]) == (
+            f"{tmp_path / 'top.yaml'} (trainer.callbacks[0].class_path): ray.X needs the 'ray' package, which is not "
+            "installed: install the flower-sim extra: pip install -e '.[flower-sim]'"
+        )
+    assert missing_extra(["--config", "configs/fedavg_camelyon17.yaml"]) is None  # monai is installed here
+    assert missing_extra(["--config", str(tmp_path / "base.yaml")]) is None  # not an extra's module: the parser's
+
+
+def test_reading_nifti_without_nibabel_names_the_file_and_the_extra(monkeypatch, tmp_path):
+    from datamodules.volumes import read_volume
+
+    monkeypatch.setitem(sys.modules, "nibabel", None)
+    with pytest.raises(ModuleNotFoundError, match=r"case0\.nii\.gz needs nibabel.*install the medical extra"):
+        read_volume(tmp_path / "case0.nii.gz")
