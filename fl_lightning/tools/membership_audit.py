@@ -25,9 +25,12 @@ Classification runs only (``ClassificationClient``); a segmentation run is refus
 groups (one client training several models on parts of its data) are refused too::
 
     python -m fl_lightning.tools.membership_audit RUN_DIR [--model global|personal] [--max-samples N] [--write]
+        [--live]
 
 ``--write`` adds the result to the run's ``summary.json`` under ``membership_audit`` (atomically; the rest of the
-file is unchanged).
+file is unchanged). The table names the checkpoint and round audited. A run still being written by another process
+is refused (its newest checkpoint is not the final model; ``--live`` audits it anyway, with a note saying so), and
+a run stopped before its last round gets a note that its round is not the final one.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from torch import Tensor
 
 from datamodules.sampler import stable_seed
 from fl_lightning.outputs.checkpoint import CHECKPOINT_DIR, find_last_checkpoint, list_checkpoints
-from fl_lightning.outputs.run_dir import claim, release, write_json
+from fl_lightning.outputs.run_dir import LOCK_NAME, RunDirectoryInUse, claim, release, write_json
 
 SUMMARY_KEY = "membership_audit"
 ATTACKS = ("loss", "class_calibrated")
@@ -311,6 +314,7 @@ def audit(
     seed: int = 0,
     device: str = "cpu",
     write: bool = False,
+    live: bool = False,
 ) -> dict[str, Any]:
     """Membership-inference audit of a run directory's final models.
 
@@ -321,6 +325,7 @@ def audit(
         seed: Seed of the balancing subsample.
         device: Where the losses are computed.
         write: Add the result to ``summary.json`` under ``membership_audit``.
+        live: Audit a run that another process is still writing (its newest checkpoint), with a note.
 
     Returns:
         The result: attack metrics, the checkpoint and round audited, samples per client, settings and notes.
@@ -328,6 +333,7 @@ def audit(
     Raises:
         FileNotFoundError: If the run directory, its config or its checkpoints are missing.
         ValueError: For an unsupported run (segmentation, sample-level groups, no global model for ``global``).
+        RuntimeError: If another process is still writing the run (and ``live`` is not set), naming the round.
 
     """
     from fl_lightning.clients.classification import ClassificationClient
@@ -344,7 +350,7 @@ def audit(
             f"{run}: the membership audit supports classification runs (ClassificationClient), this run's model is "
             f"{type(module).__name__}"
         )
-    notes = []
+    notes = _progress_notes(run, int(state["round"]), int(cfg.rounds), live)
     if model == "global" and (cfg.mode == "local" or cfg.topology == "peer_to_peer"):
         where = "mode local" if cfg.mode == "local" else "topology peer_to_peer"
         raise ValueError(f"{run} has no global model ({where}: every client keeps its own): use --model personal")
@@ -386,6 +392,33 @@ def audit(
     if write:
         write_summary_entry(run, result)
     return result
+
+
+def _progress_notes(run: Path, done: int, planned: int, live: bool) -> list[str]:
+    """Notes on how final the audited round is; refuses a run another process is writing unless ``live``.
+
+    Raises:
+        RuntimeError: If a live process holds the run directory and ``live`` is False.
+    """
+    try:
+        newly = claim(run)
+    except RunDirectoryInUse:
+        pid = (run / LOCK_NAME).read_text(encoding="utf-8").strip() or "unknown"
+        if not live:
+            raise RuntimeError(
+                f"{run} is being written by a live run (pid {pid}): its newest checkpoint is round {done} of "
+                f"{planned}, not the final model. Audit it when the run has ended, or pass --live to audit round "
+                f"{done} now"
+            ) from None
+        return [f"the run was still training (pid {pid}): this audits round {done} of {planned}, not the final model"]
+    if newly:
+        release(run)
+    if done < planned and not (run / "summary.json").is_file():
+        return [
+            f"the run stopped after round {done} of {planned} (no summary.json): this audits round {done}; resume "
+            "the run for its final model"
+        ]
+    return []
 
 
 def write_summary_entry(run: Path, entry: dict[str, Any]) -> None:
@@ -442,11 +475,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0, help="seed of the balancing subsample")
     parser.add_argument("--device", default="cpu", help="where the losses are computed (e.g. cuda)")
     parser.add_argument("--write", action="store_true", help="add the result to summary.json as membership_audit")
+    parser.add_argument("--live", action="store_true", help="audit a run still being written (its newest round)")
     ns = parser.parse_args(argv)
     # The rebuilt Trainer's "GPU available" lines say nothing about the audit (train.py quiets them alike).
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     try:
-        result = audit(ns.run, ns.model, ns.max_samples, ns.seed, ns.device, ns.write)
+        result = audit(ns.run, ns.model, ns.max_samples, ns.seed, ns.device, ns.write, ns.live)
     except (FileNotFoundError, ValueError, RuntimeError) as err:  # the message names the fix: no traceback
         parser.exit(1, f"error: {err}\n")
     summary = ns.run / "summary.json"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -242,6 +244,43 @@ def test_a_run_without_checkpoint_or_config_is_refused_naming_what_is_missing(
         audit(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match=r"run directory not found: .*nowhere"):
         audit(tmp_path / "nowhere")
+
+
+def test_a_live_run_is_refused_naming_its_round_and_audited_with_a_note_on_request(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Failed before: a run still being written was audited at whatever round was on disk, without a word."""
+    run = Path(shutil.copytree(runs["overfit"], tmp_path / "live", ignore=shutil.ignore_patterns(".lock")))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from fl_lightning.outputs.run_dir import "
+         "claim; claim(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)", str(run)],
+        cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            RuntimeError, match=rf"live run \(pid {holder.pid}\): its newest checkpoint is round 3 of 3"
+        ):
+            audit(run, max_samples=5)
+        result = audit(run, max_samples=5, live=True)
+        assert result["round"] == 3
+        assert result["notes"] == [
+            f"the run was still training (pid {holder.pid}): this audits round 3 of 3, not the final model"
+        ]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert audit(run, max_samples=5)["notes"] == []  # finished and no longer held
+
+
+def test_a_run_stopped_before_its_last_round_is_audited_with_a_note(runs: dict[str, Path], tmp_path: Path) -> None:
+    run = Path(shutil.copytree(runs["overfit"], tmp_path / "stopped", ignore=shutil.ignore_patterns(".lock")))
+    (run / "summary.json").unlink()
+    (run / "checkpoints" / "round-00003.ckpt").unlink()  # killed during round 3: round 2 is the newest
+    result = audit(run, max_samples=5)
+    assert result["round"] == 2 and result["notes"] == [
+        "the run stopped after round 2 of 3 (no summary.json): this audits round 2; resume the run for its final model"
+    ]
 
 
 def test_a_segmentation_run_is_refused(tmp_path: Path) -> None:
