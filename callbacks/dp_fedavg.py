@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -25,12 +26,15 @@ from fl_lightning.ops.dp_fedavg import (
     private_state,
     update_noise_multiplier,
 )
+from fl_lightning.ops.dp_meaning import LARGE_EPSILON, is_large, large_epsilon_message
 from fl_lightning.ops.sampling import num_selected
 
 if TYPE_CHECKING:
     from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
     from fl_lightning.ops.state import StateDict
     from fl_lightning.wire.protocol import Reply, Task
+
+DOCS_PAGE = "docs/methods/dp-fedavg.md, 'Choosing σ, C and the learning rate'"
 
 
 def _check_no_running_statistics(module: L.LightningModule) -> list[str]:
@@ -182,6 +186,10 @@ class DPFedAvg(FederatedCallback):
             self.sigma_update = update_noise_multiplier(self.sigma, self.count_stddev)
         except ValueError as err:
             raise ValueError(f"DPFedAvg: {err}") from None
+        planned = epsilon([(self.sigma, self.q, cfg.rounds)], self.delta)
+        if is_large(planned) and (self.max_epsilon is None or self.max_epsilon > LARGE_EPSILON):
+            what = f"DPFedAvg: the planned {cfg.rounds} rounds at σ={self.sigma:.4g}, q={self.q:.3g}"
+            warnings.warn(large_epsilon_message(planned, self.delta, what, DOCS_PAGE), stacklevel=2)
         if self.max_epsilon is not None and not self.history:
             first = epsilon(add_round([], self.sigma, self.q), self.delta)
             if first > self.max_epsilon:

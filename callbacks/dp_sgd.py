@@ -15,6 +15,7 @@ from callbacks.base import FederatedCallback
 from callbacks.preconditions import single_optimizer
 from datamodules.sampler import stable_seed
 from fl_lightning.errors import PreconditionError
+from fl_lightning.ops.dp_meaning import LARGE_EPSILON, is_large, large_epsilon_message
 from fl_lightning.ops.dp_sgd import (
     ACCOUNTANTS,
     add_steps,
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
     from fl_lightning.callback import ClientContext, RuntimeView, ServerView
     from fl_lightning.wire.protocol import Reply, Task
+
+DOCS_PAGE = "docs/methods/dp-sgd.md, 'Choosing σ, C and the learning rate'"
 
 # Opacus hooks the first layer too, whose input needs no gradient; torch then warns on every fit. Nothing is wrong:
 # its per-example gradients come from its output's gradient, which the hook receives.
@@ -140,6 +143,7 @@ class DPSGD(FederatedCallback):
         self._fit: dict[str, Any] | None = None
         self._attached: tuple[GradSampleHooks | None, torch.optim.Optimizer, Any, list[torch.nn.Module]] | None = None
         self._plain_steps = 0  # optimiser steps of a fit without noise and clipping (no Opacus attached)
+        self._warned_large = False  # the client half warned of a planned ε above 10 (once per process)
         self.planned_rounds: int | None = None  # federation.rounds the clients' σ was calibrated for (target_epsilon)
 
     # ------------------------------------------------------------------ both sides
@@ -309,6 +313,8 @@ class DPSGD(FederatedCallback):
                     f"calibrated for fewer rounds than federation.rounds={ctx.config.rounds} (ε would reach "
                     f"{planned:.4g}); resume with the rounds the run started with"
                 )
+        if not history and not self._warned_large:  # a client's first fit: what its plan ends at (once a process)
+            self._warned_large = self._warn_if_large(ctx, sigma, sample_rate, steps, delta)
         self._fit = {"sigma": sigma, "q": sample_rate, "batch_size": batch_size, "delta": delta, "steps": steps}
         if self.max_epsilon is not None:
             after = epsilon(add_steps(history, sigma, sample_rate, steps), delta, self.accountant)
@@ -329,6 +335,19 @@ class DPSGD(FederatedCallback):
             return loader
         generator = torch.Generator().manual_seed(poisson_seed(ctx.seed, ctx.client_id, ctx.round))
         return poisson_loader(loader.dataset, sample_rate, len(loader), generator, loader.collate_fn)
+
+    def _warn_if_large(self, ctx: ClientContext, sigma: float, sample_rate: float, steps: int, delta: float) -> bool:
+        """Warn when the client's planned fits (every round at this fit's budget) end above ε = 10; whether it did."""
+        rounds = ctx.config.rounds
+        planned = epsilon([(sigma, sample_rate, rounds * steps)], delta, self.accountant)
+        if is_large(planned) and (self.max_epsilon is None or self.max_epsilon > LARGE_EPSILON):
+            what = (
+                f"DPSGD: client {ctx.client_id!r}: the planned {rounds} rounds × {steps} steps at σ={sigma:.4g}, "
+                f"q={sample_rate:.3g}"
+            )
+            warnings.warn(large_epsilon_message(planned, delta, what, DOCS_PAGE), stacklevel=2)
+            return True
+        return False
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

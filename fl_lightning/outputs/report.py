@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from fl_lightning.ops.dp_meaning import is_large, large_epsilon_message
 from fl_lightning.outputs.records import CLASS_BALANCE_METRICS
 
 
@@ -119,6 +120,9 @@ class RoundReporter:
             privacy = privacy_line(summary)
             if privacy:
                 self._print(privacy)
+            warning = privacy_warning(summary)
+            if warning:
+                self._print(Text(warning, style="bold red"))
             self._print(Text.assemble(("run directory:", "bold"), f" {run_dir}"))
 
     def _print(self, line: str | Text) -> None:
@@ -143,6 +147,24 @@ def privacy_line(summary: dict[str, Any]) -> str | None:
     worst = " (worst client)" if "epsilon_worst" in privacy else ""
     delta_text = f" at δ = {delta:.3g}" if isinstance(delta, (int, float)) else ""
     return f"privacy: ε = {eps_text}{worst}{delta_text} — {privacy.get('mechanism', 'differential privacy')}"
+
+
+def privacy_warning(summary: dict[str, Any]) -> str | None:
+    """``warning: this run reaches ε = … above 10 …`` under the privacy line, or None while ε ≤ 10 (or absent)."""
+    privacy = summary.get("privacy")
+    if not isinstance(privacy, dict):
+        return None
+    eps = privacy.get("epsilon_worst", privacy.get("epsilon"))
+    if not isinstance(eps, (int, float)) or not is_large(float(eps)):
+        return None
+    delta = privacy.get("delta")
+    delta = max(delta.values(), default=None) if isinstance(delta, dict) else delta
+    sgd = "epsilon_worst" in privacy
+    what = "this run (its worst client)" if sgd else "this run"
+    page = "docs/methods/dp-sgd.md" if sgd else "docs/methods/dp-fedavg.md"
+    return "warning: " + large_epsilon_message(
+        float(eps), delta, what, f"{page}, 'Choosing σ, C and the learning rate'"
+    )
 
 
 def natural_width(console: Console, table: Table) -> int:

@@ -224,3 +224,32 @@ def test_a_target_epsilon_run_is_not_extended_on_resume(tmp_path):
     _, same = run(tmp_path, callbacks(), "planned", rounds=2, clients_per_round=2,
                   resume=str(checkpoint_path(tmp_path / "planned", 1)))  # fmt: skip
     assert same["privacy"]["epsilon"] <= 50.0  # the planned rounds resume as before
+
+
+def test_a_planned_epsilon_above_10_is_warned_at_the_start_and_opacus_smallest_alpha_warning_is_explained(tmp_path):
+    """Failed before: σ = 0.05 ended at ε in the thousands with only Opacus' unexplained smallest-alpha warning."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fed, summary = run(tmp_path, [DPFedAvg(noise_multiplier=0.05, clip_norm=1.0)], rounds=2)
+    messages = [str(w.message) for w in caught]
+    eps = summary["privacy"]["epsilon"]
+    assert eps > 10
+    (start,) = [m for m in messages if m.startswith("DPFedAvg: the planned 2 rounds at σ=0.05")]
+    assert f"reaches ε = {eps:.4g}" in start and "above 10" in start and "Choosing σ, C" in start
+    assert not any("Optimal order is the smallest alpha" in m for m in messages)
+
+
+def test_a_small_planned_epsilon_or_a_max_epsilon_within_10_is_not_warned(tmp_path):
+    import warnings
+
+    for name, cb in (("small", DPFedAvg(noise_multiplier=5.0, clip_norm=1.0)),
+                     ("capped", DPFedAvg(noise_multiplier=0.05, clip_norm=1.0, max_epsilon=10.0))):  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                run(tmp_path, [cb], name=name, rounds=2)
+            except ValueError:
+                pass  # max_epsilon below one round's ε is refused before training: not a large-ε warning either
+        assert not any("above 10" in str(w.message) for w in caught), name

@@ -295,3 +295,16 @@ def test_a_budget_no_client_can_meet_is_refused_before_any_step_naming_the_key(t
     with pytest.raises(PreconditionError, match=match):
         fed.run()
     assert not fed.run_dir.round_rows  # refused before any round completed
+
+
+def test_a_client_whose_planned_epsilon_is_above_10_is_warned_once_naming_it(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fed = federation(tmp_path, [DPSGD(noise_multiplier=0.3, max_grad_norm=1.0)], rounds=2)
+        summary = fed.run()
+    large = [str(w.message) for w in caught if "above 10" in str(w.message)]
+    assert summary["privacy"]["epsilon_worst"] > 10
+    assert len(large) == 1 and large[0].startswith("DPSGD: client 'site0': the planned 2 rounds")
+    assert not any("Optimal order is the smallest alpha" in str(w.message) for w in caught)

@@ -283,3 +283,20 @@ def test_the_privacy_line_takes_the_worst_client_and_the_largest_delta():
     assert privacy_line({"summary": {}}) is None
     assert "ε" not in round_line(1, 2, {"a": {"train_loss": 1.0}}, {}, 0.1)
     assert round_line(1, 2, {"a": {"train_loss": 1.0}}, {}, 0.1, epsilon=7.98).endswith("ε 7.98  0.1s")
+
+
+def test_an_epsilon_above_10_gets_a_warning_under_the_privacy_line():
+    from fl_lightning.outputs.report import privacy_warning
+
+    fedavg = {"privacy": {"epsilon": 3336.0, "delta": 0.02, "mechanism": "DP-FedAvg"}}
+    warning = privacy_warning(fedavg)
+    assert warning.startswith("warning: this run reaches ε = 3336 (δ = 0.02), above 10") and "dp-fedavg.md" in warning
+    sgd = {"privacy": {"epsilon_worst": 12.5, "delta": {"a": 0.01, "b": 0.002}}}
+    assert privacy_warning(sgd).startswith("warning: this run (its worst client) reaches ε = 12.5 (δ = 0.01)")
+    for quiet in (
+        {"privacy": {"epsilon": 7.98}},
+        {"privacy": {"epsilon": math.inf}},
+        {},
+        {"privacy": {"epsilon": None}},
+    ):
+        assert privacy_warning(quiet) is None
