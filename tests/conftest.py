@@ -7,6 +7,8 @@ import os
 # One intra-op thread for the whole suite (and the subprocesses it starts): the tiny models here are dominated by
 # per-op overhead, and two threads on two shared cores were up to 40x slower under load.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Lightning 2.6's CLI calls jsonargparse API that jsonargparse deprecates: its documented switch keeps it quiet
+os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 
 import copy
 from collections.abc import Iterable, Sequence

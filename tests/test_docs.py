@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,9 @@ def test_every_class_path_named_resolves():
     # a build artefact, a test's own unknown path, and two names that are not modules: the Flower Array's stype
     # tag of our messages and a logger's name
     skip = ("fl_lightning.egg", "fl_lightning.no_such_module", "fl_lightning.message", "fl_lightning.flower_worker")
-    missing = [(where, d) for where, d in mentions(CLASS_PATH) if not d.startswith(skip) and not resolves(d)]
+    with warnings.catch_warnings():  # the moved-modules table names old paths: they resolve, with their warning
+        warnings.filterwarnings("ignore", r".* moved to .*; import it from there", DeprecationWarning)
+        missing = [(where, d) for where, d in mentions(CLASS_PATH) if not d.startswith(skip) and not resolves(d)]
     assert missing == []
 
 

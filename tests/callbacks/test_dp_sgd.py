@@ -2,7 +2,9 @@
 
 import json
 import math
+import re
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -200,8 +202,13 @@ def test_a_client_past_its_budget_is_left_out_and_named(tmp_path):
     # the seeded selection: site1 and site2 train in rounds 1 and 2; in round 3 site1 would fit a third time
     assert selections == [["site1", "site2"], ["site1", "site2"], ["site0", "site1"]]
     fed = federation(tmp_path, [cb], rounds=3, clients_per_round=2)
-    with pytest.warns(UserWarning, match=r"client 'site1' failed.*PrivacyBudgetExhausted.*max_epsilon"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         summary = fed.run()
+    messages = [str(w.message) for w in caught]
+    assert any(re.search(r"client 'site1' failed.*PrivacyBudgetExhausted.*max_epsilon", m) for m in messages)
+    for cid in ("site1", "site2"):  # said when the budget runs out, before the round that leaves the client out
+        assert any(m.startswith(f"DPSGD: client '{cid}' reached ε=") and "will not train again" in m for m in messages)
     assert [row["round/failed_clients"] for row in fed.run_dir.round_rows] == [0, 0, 1]
     assert fed.run_dir.round_rows[-1]["privacy/exhausted_clients"] == 2
     assert summary["privacy"]["exhausted"] == ["site1", "site2"]
