@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -26,7 +25,7 @@ from fl_lightning.ops.dp_fedavg import (
     private_state,
     update_noise_multiplier,
 )
-from fl_lightning.ops.dp_meaning import LARGE_EPSILON, is_large, large_epsilon_message
+from fl_lightning.ops.dp_meaning import warn_if_large
 from fl_lightning.ops.sampling import num_selected
 
 if TYPE_CHECKING:
@@ -187,9 +186,8 @@ class DPFedAvg(FederatedCallback):
         except ValueError as err:
             raise ValueError(f"DPFedAvg: {err}") from None
         planned = epsilon([(self.sigma, self.q, cfg.rounds)], self.delta)
-        if is_large(planned) and (self.max_epsilon is None or self.max_epsilon > LARGE_EPSILON):
-            what = f"DPFedAvg: the planned {cfg.rounds} rounds at σ={self.sigma:.4g}, q={self.q:.3g}"
-            warnings.warn(large_epsilon_message(planned, self.delta, what, DOCS_PAGE), stacklevel=2)
+        what = f"DPFedAvg: the planned {cfg.rounds} rounds at σ={self.sigma:.4g}, q={self.q:.3g}"
+        warn_if_large(planned, self.delta, what, DOCS_PAGE, self.max_epsilon)
         if self.max_epsilon is not None and not self.history:
             first = epsilon(add_round([], self.sigma, self.q), self.delta)
             if first > self.max_epsilon:

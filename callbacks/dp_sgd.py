@@ -15,7 +15,7 @@ from callbacks.base import FederatedCallback
 from callbacks.preconditions import single_optimizer
 from datamodules.sampler import stable_seed
 from fl_lightning.errors import PreconditionError
-from fl_lightning.ops.dp_meaning import LARGE_EPSILON, is_large, large_epsilon_message
+from fl_lightning.ops.dp_meaning import warn_if_large
 from fl_lightning.ops.dp_sgd import (
     ACCOUNTANTS,
     add_steps,
@@ -340,14 +340,11 @@ class DPSGD(FederatedCallback):
         """Warn when the client's planned fits (every round at this fit's budget) end above ε = 10; whether it did."""
         rounds = ctx.config.rounds
         planned = epsilon([(sigma, sample_rate, rounds * steps)], delta, self.accountant)
-        if is_large(planned) and (self.max_epsilon is None or self.max_epsilon > LARGE_EPSILON):
-            what = (
-                f"DPSGD: client {ctx.client_id!r}: the planned {rounds} rounds × {steps} steps at σ={sigma:.4g}, "
-                f"q={sample_rate:.3g}"
-            )
-            warnings.warn(large_epsilon_message(planned, delta, what, DOCS_PAGE), stacklevel=2)
-            return True
-        return False
+        what = (
+            f"DPSGD: client {ctx.client_id!r}: the planned {rounds} rounds × {steps} steps at σ={sigma:.4g}, "
+            f"q={sample_rate:.3g}"
+        )
+        return warn_if_large(planned, delta, what, DOCS_PAGE, self.max_epsilon)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

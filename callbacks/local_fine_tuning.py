@@ -12,7 +12,6 @@ from callbacks.base import FederatedCallback
 from datamodules.sampler import SeededEpochSampler, stable_seed
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state
-from fl_lightning.ops.rng import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from fl_lightning.callback import ClientContext, ServerView
@@ -119,12 +118,10 @@ class LocalFineTuning(FederatedCallback):
             return super().answer_query(ctx, name, payload)
         module = ctx.module
         saved = clone_state(module.state_dict())
-        rng = rng_state()
-        try:
+        try:  # the runtime runs every task under generators seeded for it and restored after (ops.rng.seeded_rng)
             return self.fine_tune(ctx, int(payload))
         finally:
             module.load_state_dict(saved)
-            set_rng_state(rng)
 
     def fine_tune(self, ctx: ClientContext, epochs: int) -> dict[str, Any]:
         """Load the client's model, train it ``epochs`` epochs on its data, and evaluate it on its test set.

@@ -39,6 +39,18 @@ def large_epsilon_message(eps: float, delta: float | None, what: str, page: str)
     )
 
 
+def warn_if_large(eps: float, delta: float | None, what: str, page: str, max_epsilon: float | None) -> bool:
+    """Warn with :func:`large_epsilon_message` when ``eps`` is large and no ``max_epsilon`` ≤ 10 stops the run first.
+
+    Returns:
+        Whether it warned.
+    """
+    if not is_large(eps) or (max_epsilon is not None and max_epsilon <= LARGE_EPSILON):
+        return False
+    warnings.warn(large_epsilon_message(eps, delta, what, page), stacklevel=3)
+    return True
+
+
 @contextmanager
 def smallest_alpha_recorded() -> Iterator[None]:
     """Run an Opacus accountant call with its smallest-order warning kept out of the output (explained instead)."""

@@ -1,8 +1,7 @@
 """The process's global random generators (Python, NumPy, torch CPU and CUDA): capture and restore.
 
-A checkpoint stores them so a resume draws what the uninterrupted run drew; a method that must not disturb the
-run's draws (local fine-tuning's evaluation-time passes) brackets its own with them; a client's fit runs inside
-:func:`seeded_rng`, so what it draws depends on its own seed only.
+A checkpoint stores them so a resume draws what the uninterrupted run drew (the server's draws); every client
+task runs inside :func:`seeded_rng`, so what it draws depends on its own seed only and disturbs no other draw.
 """
 
 from __future__ import annotations

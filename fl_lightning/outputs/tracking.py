@@ -107,8 +107,8 @@ class RoundTracker:
         offline = [lg for lg in self.loggers if isinstance(lg, WandbArgs) and is_offline(lg.init_args)]
         if offline:
             self._journal = Path(run_dir)
-            recorded = tracked_rounds.cut_back(run_dir, done_rounds) if run_id is not None else []
             if run_id is not None:
+                recorded = tracked_rounds.cut_back(run_dir, done_rounds)
                 self._replay = {id(lg): _lost_rounds(run_dir, done_rounds, recorded) for lg in offline}
         for logger in self.loggers:
             if isinstance(logger, (WandbArgs, WandbLogger)):

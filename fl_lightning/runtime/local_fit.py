@@ -87,7 +87,7 @@ class LocalFitter:
                 "Remove them (set trainer.enable_checkpointing=false); the Federation checkpoints rounds itself."
             )
         self.trainer = trainer
-        self._warned_random_sampler = False
+        self._warned_loader = False
         # Runtimes sharing a Trainer (the nodes one Simulation Engine actor serves) share its probe: each fit sets
         # what the probe restores and reads what it captured, and fits run one at a time.
         probes = [cb for cb in trainer.callbacks if isinstance(cb, FitProbe)]
@@ -166,7 +166,7 @@ class LocalFitter:
         global generator, and Lightning iterates once on a Trainer's first fit but twice on later ones, so the
         dropout masks and random transforms of a client differ between one process, ranks and a resumed run).
         """
-        if self._warned_random_sampler or not isinstance(loader, DataLoader):
+        if self._warned_loader or not isinstance(loader, DataLoader):
             return
         problems = []
         if isinstance(loader.sampler, RandomSampler):
@@ -182,7 +182,7 @@ class LocalFitter:
             )
         if not problems:
             return
-        self._warned_random_sampler = True
+        self._warned_loader = True
         warnings.warn(
             f"the training loader of client {client_id!r} " + "; it ".join(problems) + ". Build it as the "
             "built-in datamodules do: datamodules.sampler.SeededEpochSampler (batches that depend only on "
