@@ -87,12 +87,15 @@ class LocalFineTuning(FederatedCallback):
         if not self.every_eval and server.round + 1 < server.config.rounds:
             return {}
         results: dict[str, dict[str, float]] = {}
+        split = server.eval_split  # val on evaluation rounds with a validation split; test at the end
+        count = server.data.num_val_samples if split == "val" else server.data.num_test_samples
         for cid in server.data.client_ids:
-            if not server.data.num_test_samples(cid):
+            if not count(cid):
                 continue
             group = server.group_of(cid)
             self._warn_if_in_several_groups(server, cid)
-            answer = server.query(self, "finetune", [cid], self.epochs, group=group.name, state=group.state)[cid]
+            payload = {"epochs": self.epochs, "split": split}
+            answer = server.query(self, "finetune", [cid], payload, group=group.name, state=group.state)[cid]
             if answer["error"] is not None:
                 warnings.warn(
                     f"fine-tuning of client {cid!r} failed; left out of {MODEL_NAME!r}: {answer['error']}", stacklevel=2
@@ -119,15 +122,16 @@ class LocalFineTuning(FederatedCallback):
         module = ctx.module
         saved = clone_state(module.state_dict())
         try:  # the runtime runs every task under generators seeded for it and restored after (ops.rng.seeded_rng)
-            return self.fine_tune(ctx, int(payload))
+            return self.fine_tune(ctx, int(payload["epochs"]), str(payload["split"]))
         finally:
             module.load_state_dict(saved)
 
-    def fine_tune(self, ctx: ClientContext, epochs: int) -> dict[str, Any]:
-        """Load the client's model, train it ``epochs`` epochs on its data, and evaluate it on its test set.
+    def fine_tune(self, ctx: ClientContext, epochs: int, split: str = "test") -> dict[str, Any]:
+        """Load the client's model, train it ``epochs`` epochs on its training data, evaluate it on ``split``.
 
         Returns:
-            ``{"metrics": test metrics, "error": None}``, or ``{"metrics": None, "error": reason}`` if the fit failed.
+            ``{"metrics": metrics on split (test or val), "error": None}``, or ``{"metrics": None, "error": reason}``
+            if the fit failed.
 
         """
         cid, module, data, device = ctx.client_id, ctx.module, ctx.data, ctx.device
@@ -145,4 +149,9 @@ class LocalFineTuning(FederatedCallback):
             except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
                 return {"metrics": None, "error": repr(err)}
         module.to(device)  # a strategy other than the fitter's resident one moves it to the CPU after a fit
-        return {"metrics": module.evaluate(data.client_test_loader(cid), device), "error": None}
+        return {
+            "metrics": module.evaluate(
+                data.client_test_loader(cid) if split == "test" else data.client_eval_loader(cid, split), device
+            ),
+            "error": None,
+        }

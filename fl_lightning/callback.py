@@ -67,6 +67,8 @@ class ServerView(Protocol):
         run_path: The run directory (``None`` before the run opened it).
         device: Device of the server's Trainer.
         has_global_model: Whether a server-side global model exists (not in local-only or peer-to-peer runs).
+        eval_split: The split of the evaluation running now (``val`` on evaluation rounds when the clients have
+            a validation split, ``test`` otherwise and at the end): what ``extra_evaluation`` must score.
     """
 
     config: FederationConfig
@@ -77,6 +79,7 @@ class ServerView(Protocol):
     groups: list[ModelGroup]
     callbacks: list[FederatedCallback]
     transport: Transport
+    eval_split: str
 
     @property
     def run_path(self) -> Path | None:

@@ -32,6 +32,18 @@ class FederationConfig:
             round always evaluates every client (``summary.json`` is always over all clients). Per-client means,
             worst clients and pooled metrics of a sampled round are over the sampled clients; the rows of the
             others stay empty in ``metrics.csv``. Evaluation never trains: the weights do not depend on it.
+        select: Which round's models the final test evaluation scores: ``last`` (default) or ``best``, the round
+            whose ``monitor`` value on the validation split was best. Needs a validation split
+            (``data.init_args.val_fraction`` > 0, or data with an official one). With a validation split, evaluation
+            rounds score the validation sets only and every client's test set is read once, after the last round:
+            for the chosen round's models and, when that is not the last round, for the last round's too.
+        monitor: The validation metric that chooses the round and drives ``patience``: ``val/[<model>/]<metric>
+            [_mean|_worst|_std]`` (``<model>``: ``global`` (default), ``personal`` or a callback's model) or
+            ``val/pooled/<metric>``, e.g. ``val/acc_mean``, ``val/acc_worst``, ``val/personal/dice_mean``,
+            ``val/loss``. Loss and HD95 are minimised, everything else maximised. Default: the module's primary metric,
+            client mean, on the global model (the personal one where there is no global model).
+        patience: Early stopping: end the run when this many evaluation rounds in a row have not improved the
+            monitored validation metric (``null``, the default: never). The round chosen by ``select`` stands.
         output_dir: Parent directory of run directories.
         run_name: Name of this run's directory (default: a timestamp and the mode).
         progress: The live progress bar over rounds and clients: ``true`` always, ``false`` never, ``null``
@@ -70,6 +82,9 @@ class FederationConfig:
     keep_optimizer_state: bool = False
     eval_every: int = 1
     eval_clients: int | float | None = None
+    select: Literal["last", "best"] = "last"
+    monitor: str | None = None
+    patience: int | None = None
     output_dir: str = "runs"
     run_name: str | None = None
     progress: bool | None = None
@@ -92,6 +107,7 @@ class FederationConfig:
             "clients_per_round": self.clients_per_round is None or self.clients_per_round >= 1,
             "eval_every": self.eval_every >= 0,
             "eval_clients": _valid_eval_clients(self.eval_clients),
+            "patience": self.patience is None or self.patience >= 1,
             "checkpoint_every": self.checkpoint_every >= 0,
             "keep_checkpoints": self.keep_checkpoints >= 0,
             "workers": self.workers >= 1,

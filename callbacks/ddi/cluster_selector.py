@@ -83,8 +83,9 @@ def selector_trainer(device: torch.device, callbacks: list[L.Callback]) -> L.Tra
 def selector_splits(hosted: dict[str, tuple[ClientSplit, Tensor]], oracle: dict[int, int]) -> list[ClientSplit]:
     """Client side: each hosted client's (training image, cluster id), and its test set.
 
-    The test sets are the clients' test images labelled with their oracle cluster when the domains are known
-    (so ``selector/summary.json`` reports routing accuracy), else their training images.
+    The test sets are the clients' validation images (their test images when they have no validation split: the
+    test set is otherwise read only at the end) labelled with their oracle cluster when the domains are known (so
+    ``selector/summary.json`` reports routing accuracy), else their training images.
 
     Args:
         hosted: Per client, its data and the cluster id of each training sample.
@@ -92,8 +93,11 @@ def selector_splits(hosted: dict[str, tuple[ClientSplit, Tensor]], oracle: dict[
     """
     splits = []
     for cid, (split, labels) in hosted.items():
-        if oracle and split.test_domain is not None:
-            test_x, test_y = split.test_x, torch.tensor([oracle.get(int(d), 0) for d in split.test_domain])
+        held_x, held_domain = split.test_x, split.test_domain
+        if split.val_y is not None and len(split.val_y):
+            held_x, held_domain = split.val_x, split.val_domain
+        if oracle and held_domain is not None:
+            test_x, test_y = held_x, torch.tensor([oracle.get(int(d), 0) for d in held_domain])
         else:
             test_x, test_y = split.train_x, labels
         splits.append(ClientSplit(cid, split.train_x, labels.clone(), test_x, test_y.to(torch.int64)))

@@ -196,6 +196,7 @@ class DomainIsolation(FederatedCallback):
             "selector": self.selector.state_dict(),
             "oracle": self.oracle,
             "width": self.selector_args["width"],
+            "split": server.eval_split,  # val on evaluation rounds with a validation split; test at the end
         }
         answers = server.query(self, "routed", list(server.data.client_ids), payload)
         out: dict[str, dict[str, dict[str, float]]] = {"selector": {}}
@@ -275,10 +276,11 @@ class DomainIsolation(FederatedCallback):
         return self._selector_runtime.handle(payload["task"])
 
     def _routed(self, ctx: ClientContext, payload: dict[str, Any]) -> dict[str, dict[str, float]] | None:
-        """Client side of the routed evaluation: each test image to the model of its predicted (or oracle) cluster."""
-        cid = ctx.client_id
+        """Client side of the routed evaluation: each test/val image to the model of its predicted or oracle cluster."""
+        cid, which = ctx.client_id, str(payload.get("split", "test"))
         split = ctx.data.client_data(cid)
-        if not len(split.test_y):
+        images, domains = (split.val_x, split.val_domain) if which == "val" else (split.test_x, split.test_domain)
+        if images is None or not len(images):
             return None
         if self._routing is None or self._routing[0] != payload["token"]:
             models = [_full_model(ctx.module, state) for state in payload["models"]]
@@ -286,12 +288,12 @@ class DomainIsolation(FederatedCallback):
             selector.load_state_dict(payload["selector"])
             self._routing = (payload["token"], models, selector)
         _, models, selector = self._routing
-        routes = {"selector": predict_clusters(selector, split.test_x, ctx.device)}
+        routes = {"selector": predict_clusters(selector, images, ctx.device)}
         oracle = {int(k): int(v) for k, v in payload["oracle"].items()}
         if oracle:
             # a domain never seen in training goes to cluster 0
-            routes["oracle"] = torch.tensor([oracle.get(int(d), 0) for d in split.test_domain])
-        return {name: routed_metrics(ctx, cid, models, route) for name, route in routes.items()}
+            routes["oracle"] = torch.tensor([oracle.get(int(d), 0) for d in domains])
+        return {name: routed_metrics(ctx, cid, models, route, which) for name, route in routes.items()}
 
     # ------------------------------------------------------------------ reporting and checkpoints
     @override
@@ -343,13 +345,17 @@ def oracle_and_scores(pairs: list[Tensor], n_clusters: int) -> tuple[dict[int, i
     return oracle, scores
 
 
-def routed_metrics(ctx: ClientContext, client_id: str, models: list[nn.Module], routes: Tensor) -> dict[str, float]:
-    """The client module's evaluation of ``client_id``'s test set with test image j sent to model ``routes[j]``."""
+def routed_metrics(
+    ctx: ClientContext, client_id: str, models: list[nn.Module], routes: Tensor, split: str = "test"
+) -> dict[str, float]:
+    """The client module's evaluation of ``client_id``'s ``split`` set with its image j sent to model ``routes[j]``."""
     module = ctx.module
     net, norm = module.net, module.input_norm
     module.net, module.input_norm = _RoutedNet(models, routes), nn.Identity()
     try:
-        return module.evaluate(ctx.data.client_test_loader(client_id), ctx.device)
+        data = ctx.data
+        loader = data.client_test_loader(client_id) if split == "test" else data.client_eval_loader(client_id, split)
+        return module.evaluate(loader, ctx.device)
     finally:
         module.net, module.input_norm = net, norm
 

@@ -19,7 +19,7 @@ class DescribedClients(FederatedDataModule):
     partition plot, a pooled loader) raises.
 
     Args:
-        description: ``{"clients": {id: [train, test]}, "num_classes", "in_channels", "image_size"}``, merged
+        description: ``{"clients": {id: [train, test, val]}, "num_classes", "in_channels", "image_size"}``, merged
             from every site's answer (see :meth:`fl_lightning.engines.flower_site.Site.describe`).
         batch_size: The sites' training batch size.
         seed: The data seed.
@@ -31,7 +31,9 @@ class DescribedClients(FederatedDataModule):
         if not description or not description.get("clients"):
             raise ValueError("DescribedClients needs the sites' description (no site described any client)")
         self.description = description
-        self._sizes = {str(c): (int(n[0]), int(n[1])) for c, n in description["clients"].items()}
+        # [train, test] or [train, test, val]: a site whose data have a validation split counts it too
+        self._sizes = {str(c): (int(n[0]), int(n[1]), int(n[2]) if len(n) > 2 else 0)
+                       for c, n in description["clients"].items()}  # fmt: skip
         self._source = "the sites' descriptions"
 
     def _load(self) -> list[ClientSplit]:
@@ -65,6 +67,15 @@ class DescribedClients(FederatedDataModule):
     @override
     def num_test_samples(self, client_id: str) -> int:
         return self._sizes[client_id][1]
+
+    @property
+    @override
+    def has_validation(self) -> bool:
+        return any(sizes[2] for sizes in self._sizes.values())
+
+    @override
+    def num_val_samples(self, client_id: str) -> int:
+        return self._sizes[client_id][2]
 
     @override
     def client_data(self, client_id: str) -> ClientSplit:

@@ -211,7 +211,9 @@ class Site:
         """Metadata only: hosted client ids and sample counts, the data's shape (no sample, no label), partitions."""
         data = self.runtime.data
         out: dict[str, Any] = {
-            "clients": {c: [data.num_train_samples(c), data.num_test_samples(c)] for c in self.clients},
+            "clients": {
+                c: [data.num_train_samples(c), data.num_test_samples(c), data.num_val_samples(c)] for c in self.clients
+            },  # fmt: skip
             "batch_size": int(data.batch_size),
             "num_classes": int(data.num_classes),
             "in_channels": int(data.in_channels),

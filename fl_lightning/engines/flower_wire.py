@@ -106,10 +106,12 @@ def _check_description(desc: Any) -> None:
         raise ValueError(f"expected an object of {sorted(keys)} (and 'partitions'), got {_brief(desc)}")
     clients = desc["clients"]
     if not isinstance(clients, dict) or not all(
-        cid and isinstance(n, list) and len(n) == 2 and all(type(x) is int and x >= 0 for x in n)
+        cid and isinstance(n, list) and len(n) in (2, 3) and all(type(x) is int and x >= 0 for x in n)
         for cid, n in clients.items()
     ):
-        raise ValueError(f"'clients' maps client ids to [train samples, test samples], not {_brief(clients)}")
+        raise ValueError(
+            f"'clients' maps client ids to [train samples, test samples, validation samples], not {_brief(clients)}"
+        )
     positive = {k: desc[k] for k in ("batch_size", "num_classes", "in_channels", "partitions") if k in desc}
     for key, value in positive.items():
         if type(value) is not int or value < 1:

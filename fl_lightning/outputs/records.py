@@ -28,8 +28,9 @@ def client_rows(
         row: dict[str, Any] = {"round": round_idx, "client": cid, "selected": int(cid in selected)}
         row["failed"] = int(cid in failed)
         row.update(trained.get(cid, {}))
+        column = "val/" if is_validation(evaluation) else ""
         for model, per_client in evaluation.get("clients", {}).items():
-            row.update({f"{model}/{k}": v for k, v in per_client.get(cid, {}).items()})
+            row.update({f"{column}{model}/{k}": v for k, v in per_client.get(cid, {}).items()})
         rows.append(row)
     return rows
 
@@ -54,23 +55,24 @@ def logged_metrics(
 
     ``time/*``, ``throughput/*``, ``round/*`` and ``eval/<model>/<metric>`` (mean over clients, plus
     ``_std`` and ``_worst``), ``eval/pooled/<metric>``, and with ``per_client`` ``client/<id>/train/<metric>`` and
-    ``client/<id>/eval/<model>/<metric>``.
+    ``client/<id>/eval/<model>/<metric>``. A validation evaluation's keys start with ``val/`` instead of ``eval/``.
     """
     out = {k: float(v) for k, v in round_row.items() if "/" in k}
+    prefix = split_prefix(evaluation)
     for model, stats in evaluation.get("summary", {}).items():
         for metric, s in stats.items():
-            out[f"eval/{model}/{metric}"] = s["mean"]
-            out[f"eval/{model}/{metric}_std"] = s["std"]
-            out[f"eval/{model}/{metric}_worst"] = s["worst"]
+            out[f"{prefix}/{model}/{metric}"] = s["mean"]
+            out[f"{prefix}/{model}/{metric}_std"] = s["std"]
+            out[f"{prefix}/{model}/{metric}_worst"] = s["worst"]
     for metric, value in evaluation.get("pooled", {}).items():
-        out[f"eval/pooled/{metric}"] = value
+        out[f"{prefix}/pooled/{metric}"] = value
     if not per_client:
         return out
     for cid, metrics in trained.items():
         out.update({f"client/{cid}/train/{k.removeprefix('train_')}": float(v) for k, v in metrics.items()})
     for model, per_client in evaluation.get("clients", {}).items():
         for cid, metrics in per_client.items():
-            out.update({f"client/{cid}/eval/{model}/{k}": v for k, v in metrics.items()})
+            out.update({f"client/{cid}/{prefix}/{model}/{k}": v for k, v in metrics.items()})
     return out
 
 
@@ -84,9 +86,10 @@ def client_table(trained: dict[str, dict[str, Any]], evaluation: dict[str, Any])
     values: dict[str, dict[str, Any]] = {}
     for cid, metrics in trained.items():
         values.setdefault(cid, {}).update({f"train/{k.removeprefix('train_')}": v for k, v in metrics.items()})
+    prefix = split_prefix(evaluation)
     for model, per_client in evaluation.get("clients", {}).items():
         for cid, metrics in per_client.items():
-            values.setdefault(cid, {}).update({f"eval/{model}/{k}": v for k, v in metrics.items()})
+            values.setdefault(cid, {}).update({f"{prefix}/{model}/{k}": v for k, v in metrics.items()})
     columns: dict[str, None] = {}
     for row in values.values():
         columns.update(dict.fromkeys(row))
@@ -187,10 +190,11 @@ def round_legend(evaluation: dict[str, Any], metric: str = "acc") -> str | None:
     summary = evaluation.get("summary", {})
     if not any(metric in stats for stats in summary.values()):
         return None
-    parts = [f"loss: mean training loss; {metric}, worst: mean and worst client"]
+    where = " (validation sets; test is read once, at the end)" if is_validation(evaluation) else ""
+    parts = [f"loss: mean training loss; {metric}, worst: mean and worst client{where}"]
     balance = [short for key, short in CLASS_BALANCE_METRICS if key in (evaluation.get("pooled") or {})]
     if balance:
-        parts.append(f"{', '.join(balance)}: pooled test set")
+        parts.append(f"{', '.join(balance)}: pooled {'validation' if is_validation(evaluation) else 'test'} set")
     elif any(key in stats for stats in summary.values() for key, _ in CLASS_BALANCE_METRICS):
         parts.append(f"{', '.join(s for _, s in CLASS_BALANCE_METRICS)}: mean over clients")
     return "legend: " + "; ".join(parts)
@@ -219,14 +223,28 @@ def _ordered(names: Iterable[str]) -> list[str]:
 
 
 def evaluation_means(evaluation: dict[str, Any]) -> dict[str, float]:
-    """The round row's evaluation entries: ``eval/<model>/<metric>`` (client mean) and ``eval/pooled/<metric>``."""
+    """The round row's evaluation entries: ``eval/<model>/<metric>`` (client mean) and ``eval/pooled/<metric>``.
+
+    A validation evaluation's entries are ``val/<model>/<metric>`` and ``val/pooled/<metric>``.
+    """
+    prefix = split_prefix(evaluation)
     out = {
-        f"eval/{model}/{m}": s["mean"]
+        f"{prefix}/{model}/{m}": s["mean"]
         for model, stats in evaluation.get("summary", {}).items()
         for m, s in stats.items()
     }
-    out.update({f"eval/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
+    out.update({f"{prefix}/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
     return out
+
+
+def is_validation(evaluation: dict[str, Any]) -> bool:
+    """Whether an evaluation scored the clients' validation sets (an evaluation round with a validation split)."""
+    return evaluation.get("split") == "val"
+
+
+def split_prefix(evaluation: dict[str, Any]) -> str:
+    """The logged keys' first part: ``val`` for a validation evaluation, ``eval`` for a test one."""
+    return "val" if is_validation(evaluation) else "eval"
 
 
 def samples_trained(reply: Reply, batch_size: int, fixed_steps: bool) -> int:

@@ -117,6 +117,9 @@ class RoundReporter:
                 self.console.width = width
             for note in table_notes(summary):  # one line each, unwrapped: grep finds a whole warning in a log
                 self._print(Text(note, style="bold red"))
+            chosen = selection_line(summary, metric)
+            if chosen:
+                self._print(chosen)
             privacy = privacy_line(summary)
             if privacy:
                 self._print(privacy)
@@ -129,6 +132,28 @@ class RoundReporter:
         # soft_wrap: Rich would otherwise break lines at the console width, 80 columns when stdout is a file;
         # markup/highlight off: a client id or path with brackets must print as it is.
         self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def selection_line(summary: dict[str, Any], metric: str = "acc") -> str | None:
+    """Which round the table is of and how it was chosen, or None without a validation split.
+
+    ``test of round 7 (best val/acc_mean 0.832; federation.select=best); last round 10: global acc 0.801``: the
+    test sets were read once, for these rounds only.
+    """
+    selection = summary.get("selection")
+    if not isinstance(selection, dict):
+        return None
+    chosen, value, monitor = selection.get("round"), selection.get("value"), selection.get("monitor")
+    how = "best" if selection.get("select") == "best" else "last"
+    value_text = "" if value is None else f" {value:.4g}"
+    line = f"test of round {chosen} ({monitor}{value_text}, federation.select={how}; test read once)"
+    last = summary.get("last_round")
+    if isinstance(last, dict):
+        stats = last.get("summary", {}).get("global") or last.get("summary", {}).get("personal") or {}
+        mean = stats.get(metric, {}).get("mean")
+        if mean is not None:
+            line += f"; last round {last.get('round')}: {metric} mean {mean:.3f}"
+    return line
 
 
 def privacy_line(summary: dict[str, Any]) -> str | None:

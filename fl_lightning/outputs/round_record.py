@@ -30,6 +30,7 @@ class RoundRecord:
         comm: ``(bytes_down, bytes_up)`` of the round's fit and peer-to-peer tasks (``train``) and of its
             evaluation (``eval``).
         evaluation: The round's evaluation (``{}`` on a round without one).
+        extra: Further ``rounds.csv`` entries of the round (the model selection's ``select/value``, …).
         started: ``time.perf_counter()`` when the round started.
 
     """
@@ -42,6 +43,7 @@ class RoundRecord:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     comm: dict[str, tuple[int, int]] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
     @contextmanager
@@ -102,4 +104,5 @@ class RoundRecord:
         if evaluated is not None:  # only with sampling on: rounds.csv is unchanged without it
             row["round/evaluated_clients"] = evaluated
         row.update(records.evaluation_means(self.evaluation))
+        row.update(self.extra)
         return row

@@ -138,6 +138,7 @@ class ClientRuntime:
             protocol.REGROUP: self._regroup,
             protocol.TAKE_PRIVATE: self._take_private,
             protocol.PUT_PRIVATE: self._put_private,
+            protocol.KEEP: self._keep,
         }
         if task.kind not in handlers:
             raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
@@ -320,15 +321,17 @@ class ClientRuntime:
         return self.subset_samplers[key]
 
     def _evaluate(self, task: Task) -> Reply:
-        """The group's model (``global``) and the client's own (``personal``) on the client's test set.
+        """The group's model (``global``) and the client's own (``personal``) on the client's test or validation set.
 
-        Options: ``global`` (evaluate the received state), ``outputs`` (also return what pooled metrics need:
-        the module's ``evaluation_parts``, additive counts or, for classification, the test predictions).
+        Options: ``split`` (``test``, the default, or ``val``), ``global`` (evaluate the received state), ``outputs``
+        (also return what pooled metrics need: the module's ``evaluation_parts``, additive counts or, for
+        classification, the predictions).
         """
         cid, module, device = task.client_id, self.module, self.device
         opts = task.options
         module.to(device)
-        loader = self.data.client_test_loader(cid)
+        split = str(opts.get("split", "test"))
+        loader = self.data.client_test_loader(cid) if split == "test" else self.data.client_eval_loader(cid, split)
         metrics: dict[str, Any] = {}
         payloads: dict[str, Any] = {}
         if opts.get("global", True):
@@ -377,6 +380,15 @@ class ClientRuntime:
         held = self.private.get(task.client_id, {})
         state = held.pop(task.group, None) if task.options.get("remove") else held.get(task.group)
         return Reply(task.client_id, task.group, state=state)
+
+    def _keep(self, task: Task) -> Reply:
+        """Copy every private state of the client to ``KEPT + group`` (the best round's), dropping the older copy."""
+        held = self.private.get(task.client_id, {})
+        for name in [n for n in held if n.startswith(protocol.KEPT)]:
+            del held[name]
+        for name in list(held):
+            held[protocol.KEPT + name] = clone_state(held[name])
+        return Reply(task.client_id, task.group)
 
     def _put_private(self, task: Task) -> Reply:
         if task.state is None:

@@ -63,6 +63,7 @@ class Server:
         self.round = 0
         self.run_dir: Any = None  # the run directory, once the run opened it
         self.evaluated_clients: list[str] = []  # the clients of the latest evaluation
+        self.eval_split = "test"  # the split of the latest evaluation ("val" or "test")
 
     def _check_mode(self) -> None:
         cfg = self.config
@@ -201,14 +202,25 @@ class Server:
         """Clients evaluated in round ``r`` (0-based): all, or with ``eval_clients`` a seeded sample except last."""
         return evaluated_clients(list(self.data.client_ids), r, self.seed, self.config)
 
-    def evaluate(self, client_ids: list[str] | None = None) -> dict[str, Any]:
-        """Evaluate every client in ``client_ids`` (default all) on its test set (:func:`~.evaluation.evaluate`).
+    @property
+    def has_validation(self) -> bool:
+        """Whether the clients have validation sets (``data.init_args.val_fraction`` > 0 or an official split)."""
+        return bool(getattr(self.data, "has_validation", False))
 
-        :attr:`evaluated_clients` holds the list during the evaluation (callbacks' ``extra_evaluation`` may restrict
-        themselves to it).
+    @property
+    def round_split(self) -> str:
+        """The split evaluation rounds score: ``val`` when the clients have one (test is then read at the end)."""
+        return "val" if self.has_validation else "test"
+
+    def evaluate(self, client_ids: list[str] | None = None, split: str | None = None) -> dict[str, Any]:
+        """Evaluate every client in ``client_ids`` (default all) on ``split`` (:func:`~.evaluation.evaluate`).
+
+        ``split`` defaults to :attr:`round_split`. :attr:`evaluated_clients` and :attr:`eval_split` hold the clients
+        and the split during the evaluation (callbacks' ``extra_evaluation`` restrict themselves to them).
         """
         self.evaluated_clients = list(self.data.client_ids) if client_ids is None else list(client_ids)
-        return evaluate(self, self.evaluated_clients)
+        self.eval_split = self.round_split if split is None else split
+        return evaluate(self, self.evaluated_clients, self.eval_split)
 
     def _expand(self, client_ids: list[str]) -> set[str]:
         """Client ids, with the pooled pseudo-client standing for every client."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -18,6 +18,7 @@ class ClientDirectory:
         test_sizes: Test samples per client id.
         batch_size: The clients' training batch size.
         seed: The data seed.
+        val_sizes: Validation samples per client id (empty: the clients have no validation split).
 
     """
 
@@ -25,6 +26,7 @@ class ClientDirectory:
     test_sizes: dict[str, int]
     batch_size: int
     seed: int = 0
+    val_sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def client_ids(self) -> list[str]:
@@ -38,3 +40,12 @@ class ClientDirectory:
     def num_test_samples(self, client_id: str) -> int:
         """Test samples of ``client_id``."""
         return self.test_sizes[client_id]
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether any client has a validation set."""
+        return any(self.val_sizes.values())
+
+    def num_val_samples(self, client_id: str) -> int:
+        """Validation samples of ``client_id``."""
+        return self.val_sizes.get(client_id, 0)

@@ -48,8 +48,10 @@ def summarise(per_client: Mapping[str, Mapping[str, float]]) -> dict[str, dict[s
     return out
 
 
-def evaluate_nodes(transport: Transport, group: ModelGroup, ids: list[str], round_idx: int) -> dict[str, Any]:
-    """Peer-to-peer: each node's held model on each node's test set (the model travels via the relay).
+def evaluate_nodes(
+    transport: Transport, group: ModelGroup, ids: list[str], round_idx: int, split: str = "test"
+) -> dict[str, Any]:
+    """Peer-to-peer: each node's held model on each node's ``split`` set (the model travels via the relay).
 
     Returns:
         ``clients`` (each node's own model on its own test set as ``personal``), ``summary`` (``personal`` and
@@ -58,18 +60,21 @@ def evaluate_nodes(transport: Transport, group: ModelGroup, ids: list[str], roun
     take = [Task(protocol.TAKE_PRIVATE, round_idx, c, group.name) for c in ids]
     held = {t.client_id: reply.state or {} for t, reply in zip(take, transport.stream(take))}
     matrix: dict[str, dict[str, dict[str, float]]] = {}
-    options = {"global": True, "personal": False}
+    options = {"global": True, "personal": False, "split": split}
     for holder in ids:
         state = {**group.state, **held[holder]}
         tasks = [Task(protocol.EVALUATE, round_idx, t, group.name, state=state, options=options) for t in ids]
         matrix[holder] = {t.client_id: reply.metrics["global"] for t, reply in zip(tasks, transport.stream(tasks))}
     personal = {c: matrix[c][c] for c in ids}
     pairs = {f"{h}->{t}": m for h, row in matrix.items() for t, m in row.items()}
-    return {
+    out = {
         "clients": {"personal": personal},
         "summary": {"personal": summarise(personal), "cross": summarise(pairs)},
         "node_matrix": matrix,
     }
+    if split != "test":
+        out["split"] = split
+    return out
 
 
 def serving_groups(groups: list[ModelGroup], client_ids: list[str]) -> dict[str, ModelGroup]:
@@ -81,8 +86,8 @@ def serving_groups(groups: list[ModelGroup], client_ids: list[str]) -> dict[str,
     return out
 
 
-def evaluate(server: ServerView, client_ids: list[str]) -> dict[str, Any]:
-    """Evaluate on every client's test set (not only the trained ones), one ``evaluate`` task per client.
+def evaluate(server: ServerView, client_ids: list[str], split: str = "test") -> dict[str, Any]:
+    """Evaluate on every client's ``split`` set (not only the trained ones), one ``evaluate`` task per client.
 
     ``global``: the client's group model. ``personal``: the group model with the client's private
     state (identical to ``global`` when nothing is private, as in FedAvg, and then not recomputed).
@@ -96,9 +101,10 @@ def evaluate(server: ServerView, client_ids: list[str]) -> dict[str, Any]:
         server: The server (its groups, module, callbacks and transport).
         client_ids: The clients evaluated (``federation.eval_clients``' sample, in the data's order); per-client
             results, their summaries and the pooled metrics are over them only.
+        split: ``test`` or ``val`` (the clients' validation sets).
     """
     if server.config.topology == "peer_to_peer":
-        return evaluate_nodes(server.transport, server.groups[0], client_ids, server.round)
+        return evaluate_nodes(server.transport, server.groups[0], client_ids, server.round, split)
     per_model: dict[str, dict[str, dict[str, float]]] = {"global": {}, "personal": {}}
     pooled = (
         server.has_global_model
@@ -108,7 +114,7 @@ def evaluate(server: ServerView, client_ids: list[str]) -> dict[str, Any]:
         and (server.transport.simulation or not getattr(server.module, "pooled_parts_are_predictions", True))
     )
     parts = []
-    options = {"global": server.has_global_model, "outputs": pooled}
+    options = {"global": server.has_global_model, "outputs": pooled, "split": split}
     serving = serving_groups(server.groups, server.data.client_ids)
     tasks = [
         Task(protocol.EVALUATE, server.round, cid, group.name, state=group.state, options=options)
@@ -130,4 +136,6 @@ def evaluate(server: ServerView, client_ids: list[str]) -> dict[str, Any]:
     }
     if pooled and parts:
         out["pooled"] = server.module.metrics_from_parts(server.module.merge_parts(parts))
+    if split != "test":
+        out["split"] = split  # the records name its metrics val/... instead of eval/...
     return out

@@ -31,6 +31,7 @@ from fl_lightning.outputs.tracking import RoundTracker
 from fl_lightning.server.core import Server
 from fl_lightning.server.directory import ClientDirectory
 from fl_lightning.server.groups import pass_on
+from fl_lightning.server.round_choice import RoundChoice
 from fl_lightning.server.run_files import new_run_directory, resumed_run_directory, write_final_outputs
 from fl_lightning.wire.protocol import POOLED
 from fl_lightning.wire.transport import Transport
@@ -78,6 +79,7 @@ class Federation(Server):
         self.run_dir: RunDirectory | None = None
         self.last_evaluation: dict[str, Any] = {}
         self.stopped: str | None = None  # why a callback ended the run early (StopFederation), else None
+        self.choice: RoundChoice | None = None  # with a validation split: the round chosen on it (select, patience)
 
     # ------------------------------------------------------------------ the run
     def setup(self) -> None:
@@ -94,6 +96,8 @@ class Federation(Server):
         unknown = declared - set(init)
         if unknown:
             raise KeyError(f"callbacks declared private keys the model does not have: {sorted(unknown)[:5]}")
+        has_private = bool(declared) or cfg.mode == "local" or cfg.topology == "peer_to_peer"
+        self.choice = RoundChoice.of(self, has_private)
         self.transport.prepare()
 
     # ------------------------------------------------------------------ the loop
@@ -116,6 +120,11 @@ class Federation(Server):
         status = "failed"
         try:
             for r in range(self.round, cfg.rounds):
+                early = self.choice.stop_reason() if self.choice else None
+                if early is not None:  # also when a resume finds the patience spent: the run ended there
+                    self.stopped = early
+                    self._finish_stopped(warn=False)
+                    break
                 try:
                     self.last_evaluation = self.run_round(r)
                 except StopFederation as stop:  # raised in on_round_start, before any task of round r: 1..r stand
@@ -125,6 +134,8 @@ class Federation(Server):
                 self.round = r + 1
                 if cfg.checkpoint_every and (self.round % cfg.checkpoint_every == 0 or self.round == cfg.rounds):
                     self.save_checkpoint()
+            if self.choice is not None:  # the test sets, read once; without a validation split the last round's stands
+                self.last_evaluation = self.choice.final_test(self, self.last_evaluation)
             status = "success"
         finally:
             self.reporter.stop()
@@ -169,6 +180,8 @@ class Federation(Server):
         with record.timed("eval"):
             if r + 1 == self.config.rounds or (self.config.eval_every and (r + 1) % self.config.eval_every == 0):
                 record.evaluation = self.evaluate(self.evaluation_clients(r))
+                if self.choice is not None:
+                    record.extra.update(self.choice.record(self, r, record.evaluation))
         record.comm["eval"] = self.transport.take_counts()
         self.write_record(record)
         return record.evaluation
@@ -240,9 +253,10 @@ class Federation(Server):
         )
         self.reporter.round_end(line, records.round_legend(evaluation, self.module.primary_metric))
 
-    def _finish_stopped(self) -> None:
-        """After a StopFederation: warn, evaluate the last models if their round was not, checkpoint them."""
-        warnings.warn(self.stopped, stacklevel=3)
+    def _finish_stopped(self, warn: bool = True) -> None:
+        """After a StopFederation (warned) or early stopping (noted): evaluate the last models if not, checkpoint."""
+        if warn:
+            warnings.warn(self.stopped, stacklevel=3)
         self.reporter.note(self.stopped)
         if not self.last_evaluation:
             self.last_evaluation = self.evaluate()
@@ -261,12 +275,15 @@ class Federation(Server):
         }
         if self.stopped is not None:
             meta["stopped"] = self.stopped
+        if self.choice is not None:
+            meta.update(self.choice.summary_entries(self.round))
         for cb in self.callbacks:
             meta.update(cb.summary_entries(self))
         test_samples = {c: self.data.num_test_samples(c) for c in self.data.client_ids}
         pooled = sum(test_samples.values()) if "pooled" in evaluation else None
         if "node_matrix" in evaluation:
             meta["node_matrix"] = evaluation["node_matrix"]
+
         return json_safe(
             records.summary_table(
                 evaluation,
@@ -296,6 +313,7 @@ class Federation(Server):
             # O(rounds x clients)); a resume cuts the CSVs back to these counts
             "row_counts": {"clients": len(self.run_dir.client_rows), "rounds": len(self.run_dir.round_rows)},
             "logger_run_id": self.tracker.run_id(),
+            "selection": None if self.choice is None else self.choice.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -321,6 +339,9 @@ class Federation(Server):
         self.transport.load_runtime_state(state["runtime"])
         set_rng_state(state["rng"])
         self.last_evaluation = state["evaluation"]
+        saved = state.get("selection")  # absent in checkpoints written before the validation split existed
+        if self.choice is not None and saved is not None:
+            self.choice.load_state_dict(saved)
 
     def save_checkpoint(self) -> Path:
         """Write the round checkpoint atomically (the clients' states only where changed), prune old ones; its path."""

@@ -53,8 +53,11 @@ DTYPES: dict[str, torch.dtype] = {
 }  # fmt: skip
 
 FIT, EVALUATE, QUERY = "fit", "evaluate", "query"
-REGROUP, TAKE_PRIVATE, PUT_PRIVATE = "regroup", "take_private", "put_private"
-KINDS = (FIT, EVALUATE, QUERY, REGROUP, TAKE_PRIVATE, PUT_PRIVATE)
+REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP = "regroup", "take_private", "put_private", "keep"
+KINDS = (FIT, EVALUATE, QUERY, REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP)
+# ``keep``: the client copies its private states (every group's) to groups named KEPT + the group's name, replacing
+# an earlier copy: the best validation round's personal models, which the final test evaluates (federation.select).
+KEPT = "@best/"
 POOLED = "__pooled__"  # the client id of centralised training's single pseudo-client (all clients' data pooled)
 
 

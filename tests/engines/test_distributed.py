@@ -54,6 +54,10 @@ SECAGG_RUNS = {
 # DP-SGD with a dropout layer: Poisson batches and dropout masks both random, carried exactly across ranks and resume.
 DROPOUT_RUNS = {"dpsgd_dropout": [*DP_RUNS["dpsgd"], "--model.net=tests.engines.dropout_net.DropoutCNN"]}
 PRIVACY_RUNS = {**DP_RUNS, **SECAGG_RUNS, **DROPOUT_RUNS}
+# Model selection on a validation split: the kept states (server groups, the clients' private norm layers) are
+# sharded with the clients, and the test sets are read once for the chosen round, on any number of ranks.
+SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federation.rounds=4",
+               "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
 
 
 def dp_args(out: Path, name: str, run_name: str, *extra: str) -> list[str]:
@@ -89,7 +93,9 @@ def runs(tmp_path_factory):
     for name in PRIVACY_RUNS:
         main(dp_args(one, name, name))
     main(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.rounds=1"))
+    main(resume_args(one, "select", *SELECT_ARGS))
     jobs = [run_args(name, two, QUIET) for name in RUNS]
+    jobs.append(resume_args(two, "select", *SELECT_ARGS))
     jobs += [dp_args(two, name, name) for name in PRIVACY_RUNS]
     jobs.append(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.resume=last"))
     jobs.append(resume_args(root, "two-one", "--federation.rounds=1"))  # 2 → 1: the first round on two ranks
@@ -149,6 +155,13 @@ def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):
     # none per rank
     assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted([*RUNS, *PRIVACY_RUNS])
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2
+
+
+def test_two_ranks_choose_the_round_and_report_its_test_metrics_as_one_process(runs):
+    one, two = (json.loads((runs / side / "select" / "summary.json").read_text()) for side in ("one", "two"))
+    assert one["selection"]["monitor"] == "val/personal/acc_mean" and one["selection"]["split"] == "val"
+    for key in ("selection", "summary", "clients", "last_round"):
+        assert one.get(key) == two.get(key), key
 
 
 def test_shards_are_balanced_by_training_samples_and_deterministic():

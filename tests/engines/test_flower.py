@@ -139,6 +139,19 @@ def test_fedavg_over_a_loopback_deployment_equals_inprocess(deployment: Deployme
     assert "DescribedClients" not in (run_dir / "config.yaml").read_text()
 
 
+def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path):
+    """FedBN with select: best: the sites count their validation sets, keep their norm layers of the best round on
+    their own disk, and the test sets are read once at the end; the summary equals the in-process one."""
+    config = "configs/fedbn_digits.yaml"
+    extra = [*TINY, "--federation.rounds=3", "--federation.eval_every=1", "--data.val_fraction=0.25",
+             "--federation.select=best", "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
+    site, local = (json.loads((d / "summary.json").read_text())
+                   for d in (deploy(deployment, config, extra), inprocess(tmp_path, config, extra)))  # fmt: skip
+    assert site["selection"]["split"] == "val"
+    for key in ("selection", "summary", "clients", "last_round"):
+        assert site.get(key) == local.get(key), key
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "config",

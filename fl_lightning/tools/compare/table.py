@@ -123,11 +123,14 @@ def collapse_flag(summary: Mapping[str, Any]) -> bool | None:
 def curve(run: Run, metric: str) -> tuple[str, dict[int, float]] | None:
     """The run's client-mean ``metric`` per evaluated round from ``rounds.csv``: ``eval/global/``, else personal.
 
+    A run with a validation split has validation curves only (``val/global/``, ``val/personal/``: its test sets
+    were read once, at the end); they are its curve.
+
     Returns:
-        ``(model, {round: value})``, or None when ``rounds.csv`` has neither column.
+        ``(model, {round: value})``, or None when ``rounds.csv`` has none of the columns.
     """
-    for model in ("global", "personal"):
-        column = f"eval/{model}/{metric}"
+    for prefix, model in (("eval", "global"), ("eval", "personal"), ("val", "global"), ("val", "personal")):
+        column = f"{prefix}/{model}/{metric}"
         points = {
             row["round"]: row[column]
             for row in run.rounds
@@ -172,14 +175,24 @@ def method_entry(runs: Sequence[Run], metric: str) -> dict[str, Any]:
             "collapse_messages": list((r.summary.get("collapse") or {}).get("messages") or []),
             "stopped": r.summary.get("stopped"),
             "values": run_values(r.summary, metric),
+            "selection": run_selection(r.summary),
         }
         for r in runs
     ]
     flags = [entry["collapsed"] for entry in per_run]
+    chosen = [e["selection"] for e in per_run if e["selection"] is not None]
     return {
         "seeds": [r.seed for r in runs],
         "runs": per_run,
         "stats": {name: seed_stats([e["values"][name] for e in per_run]) for name, *_ in COLUMNS},
+        # how the reported rounds were chosen: the monitored validation value (mean ± std) and the rounds
+        "selection": {
+            "monitor": sorted({c["monitor"] for c in chosen}),
+            "value": seed_stats([c["value"] for c in chosen]),
+            "rounds": [c["round"] for c in chosen],
+        }
+        if chosen
+        else None,
         "collapsed": {
             "count": sum(1 for f in flags if f),
             "of": len(flags),
@@ -253,14 +266,34 @@ def format_collapsed(collapsed: Mapping[str, Any]) -> str:
     return text
 
 
+def run_selection(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """How a run's reported round was chosen (``summary.json``'s ``selection``), or None without a validation split."""
+    selection = summary.get("selection")
+    if not isinstance(selection, Mapping):
+        return None
+    return {k: selection.get(k) for k in ("select", "monitor", "round", "value")}
+
+
+def format_selection(selection: Mapping[str, Any] | None, seeds: int) -> str:
+    """``val/acc_mean 0.8312 ± 0.0102 at rounds 7, 9, 10``, or ``–`` for runs without a validation split."""
+    if selection is None:
+        return "–"
+    rounds = ", ".join(str(r) for r in selection["rounds"])
+    plural = "s" * (len(selection["rounds"]) > 1)
+    return f"{'/'.join(selection['monitor'])} {format_stat(selection['value'], seeds)} at round{plural} {rounds}"
+
+
 def table_rows(comparison: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The comparison as a header and one row of text per method."""
+    """The comparison as a header and one row of text per method (with the validation column where runs chose)."""
     metric, columns = comparison["metric"], comparison["columns"]
-    header = ["method", "seeds", *(f"{h} {metric}" for h in columns.values()), "collapsed"]
+    chosen = any(entry.get("selection") for entry in comparison["methods"].values())
+    header = ["method", "seeds", *(f"{h} {metric}" for h in columns.values())]
+    header += ["chosen on (validation)"] * chosen + ["collapsed"]
     rows = []
     for method, entry in comparison["methods"].items():
         n = len(entry["seeds"])
         cells = [format_stat(entry["stats"][name], n) for name in columns]
+        cells += [format_selection(entry.get("selection"), n)] * chosen
         rows.append([method, format_seeds(entry["seeds"]), *cells, format_collapsed(entry["collapsed"])])
     return header, rows
 
