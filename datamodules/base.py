@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 from datamodules.sampler import SeededEpochSampler, stable_seed
 from datamodules.shifts import style_name
 from datamodules.split import check_labels
+from datamodules.validation import with_validation
 
 POOLED_KEY = "__pooled__"
 
@@ -82,6 +83,13 @@ class ClientSplit:
         test_y: Test labels, int64 (M,), or masks (M, H, W).
         train_domain: Optional domain (site style) id per training sample, int64 (N,).
         test_domain: Optional domain (site style) id per test sample, int64 (M,).
+        val_x: Validation images (V, C, H, W): an official validation split a loader found, or None (then
+            ``val_fraction`` carves one out of the training data when the datamodule is loaded; after loading every
+            client has validation tensors, empty without a split).
+        val_y: Validation labels (V,) or masks (V, H, W), with ``val_x``.
+        val_domain: Optional domain id per validation sample (V,).
+        train_case: Optional case (patient, volume, scan) id per training sample, int64 (N,): a carved validation
+            split takes whole cases, so no case is in both.
 
     """
 
@@ -92,6 +100,10 @@ class ClientSplit:
     test_y: Tensor
     train_domain: Tensor | None = None
     test_domain: Tensor | None = None
+    val_x: Tensor | None = None
+    val_y: Tensor | None = None
+    val_domain: Tensor | None = None
+    train_case: Tensor | None = None
 
 
 def loader_generator(seed: int, *key: str) -> torch.Generator:
@@ -142,14 +154,24 @@ class FederatedDataModule(L.LightningDataModule):
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's samples held out as its test set, in [0, 1).
         seed: Seed for partitioning, styling, splitting and shuffling.
+        val_fraction: Fraction of each client's **training** samples held out as its validation set, in [0, 1)
+            (:func:`~datamodules.validation.carve_validation`: seeded per client, stratified by label for
+            classification, by whole cases where the data know them). 0 (the default) keeps the training data as
+            they are, bit for bit. A client whose data ship an official validation split uses it instead.
 
     Raises:
-        ValueError: If a batch size is not positive or ``test_fraction`` is outside [0, 1).
+        ValueError: If a batch size is not positive or ``test_fraction`` or ``val_fraction`` is outside [0, 1).
 
     """
 
     def __init__(
-        self, *, batch_size: int = 32, eval_batch_size: int = 256, test_fraction: float = 0.2, seed: int = 0
+        self,
+        *,
+        batch_size: int = 32,
+        eval_batch_size: int = 256,
+        test_fraction: float = 0.2,
+        seed: int = 0,
+        val_fraction: float = 0.0,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -158,6 +180,9 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
         if not 0.0 <= test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        self.val_fraction = val_fraction
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.test_fraction = test_fraction
@@ -194,7 +219,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     def _ensure_loaded(self) -> dict[str, ClientSplit]:
         if self._splits is None:
-            splits = self._load()
+            splits = [with_validation(s, self.val_fraction, self.seed, self._source) for s in self._load()]
             self._num_classes = self._validate(splits)
             self._samplers = {
                 s.client_id: SeededEpochSampler(len(s.train_y), stable_seed(self.seed, s.client_id)) for s in splits
@@ -218,6 +243,7 @@ class FederatedDataModule(L.LightningDataModule):
             for name, x, y, dom in (
                 ("train", s.train_x, s.train_y, s.train_domain),
                 ("test", s.test_x, s.test_y, s.test_domain),
+                ("validation", s.val_x, s.val_y, s.val_domain),
             ):
                 if x.dtype != torch.float32 or x.ndim != 4 or tuple(x.shape[1:]) != shape:
                     raise ValueError(
@@ -246,10 +272,11 @@ class FederatedDataModule(L.LightningDataModule):
         if self._declared_num_classes is not None:
             num_classes = self._declared_num_classes
         else:
-            num_classes = 1 + max(int(torch.cat([s.train_y, s.test_y]).max()) for s in splits)
+            num_classes = 1 + max(int(torch.cat([s.train_y, s.test_y, s.val_y]).max()) for s in splits)
         for s in splits:
             check_labels(s.train_y, num_classes, s.client_id, self._source)
             check_labels(s.test_y, num_classes, s.client_id, self._source)
+            check_labels(s.val_y, num_classes, s.client_id, self._source)
         return num_classes
 
     # -------------------------------------------------------------------------------------------- properties
@@ -327,6 +354,19 @@ class FederatedDataModule(L.LightningDataModule):
         """
         return len(self.client_data(client_id).test_y)
 
+    def num_val_samples(self, client_id: str) -> int:
+        """Number of validation samples of a client (0 without a validation split).
+
+        Raises:
+            KeyError: If the client id is unknown.
+        """
+        return len(self.client_data(client_id).val_y)
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether any client has a validation sample (``val_fraction`` > 0 or an official split)."""
+        return any(len(s.val_y) for s in self._ensure_loaded().values())
+
     def label_names(self) -> list[str] | None:
         """The classes' names (index = class id) where the data have them, else None (figures then show ids)."""
         return None
@@ -356,20 +396,20 @@ class FederatedDataModule(L.LightningDataModule):
 
         Args:
             client_id: One of :attr:`client_ids`.
-            split: ``"train"`` or ``"test"``.
+            split: ``"train"``, ``"val"`` or ``"test"``.
 
         Returns:
             An int64 tensor of shape (num_classes,): images per class, or pixels per class for segmentation masks.
 
         Raises:
             KeyError: If the client id is unknown.
-            ValueError: If ``split`` is not ``"train"`` or ``"test"``.
+            ValueError: If ``split`` is not ``"train"``, ``"val"`` or ``"test"``.
 
         """
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
         data = self.client_data(client_id)
-        labels = data.train_y if split == "train" else data.test_y
+        labels = {"train": data.train_y, "val": data.val_y, "test": data.test_y}[split]
         return torch.bincount(labels.reshape(-1), minlength=self.num_classes).to(torch.int64)
 
     # ----------------------------------------------------------------------------------------------- loaders
@@ -453,6 +493,28 @@ class FederatedDataModule(L.LightningDataModule):
         data = self.client_data(client_id)
         return self._eval_loader(data.test_x, data.test_y)
 
+    def client_val_loader(self, client_id: str) -> DataLoader:
+        """Unshuffled validation loader of one client (empty without a validation split), like the test loader.
+
+        Raises:
+            KeyError: If the client id is unknown.
+        """
+        data = self.client_data(client_id)
+        return self._eval_loader(data.val_x, data.val_y)
+
+    def client_eval_loader(self, client_id: str, split: str) -> DataLoader:
+        """The client's ``"val"`` or ``"test"`` loader.
+
+        Raises:
+            KeyError: If the client id is unknown.
+            ValueError: If ``split`` is neither.
+        """
+        if split == "val":
+            return self.client_val_loader(client_id)
+        if split == "test":
+            return self.client_test_loader(client_id)
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+
     def _pooled_tensors(self, split: str) -> tuple[Tensor, Tensor]:
         splits = list(self._ensure_loaded().values())
         if split == "train":
@@ -460,6 +522,8 @@ class FederatedDataModule(L.LightningDataModule):
                 # Cached: the pooled copy is made once, only if someone asks for it (centralised baselines).
                 self._pooled = (torch.cat([s.train_x for s in splits]), torch.cat([s.train_y for s in splits]))
             return self._pooled
+        if split == "val":
+            return torch.cat([s.val_x for s in splits]), torch.cat([s.val_y for s in splits])
         return torch.cat([s.test_x for s in splits]), torch.cat([s.test_y for s in splits])
 
     def pooled_train_loader(self, steps: int | None = None) -> DataLoader:
@@ -488,9 +552,13 @@ class FederatedDataModule(L.LightningDataModule):
         """Lightning hook: the pooled training loader (for centralised training with ``trainer.fit(datamodule=)``)."""
         return self.pooled_train_loader()
 
+    def pooled_val_loader(self) -> DataLoader:
+        """Unshuffled loader over all clients' validation sets concatenated, in client order."""
+        return self._eval_loader(*self._pooled_tensors("val"))
+
     def val_dataloader(self) -> DataLoader:
-        """Lightning hook: the pooled test loader."""
-        return self.pooled_test_loader()
+        """Lightning hook: the pooled validation loader, or the pooled test loader without a validation split."""
+        return self.pooled_val_loader() if self.has_validation else self.pooled_test_loader()
 
     def test_dataloader(self) -> DataLoader:
         """Lightning hook: the pooled test loader."""

@@ -70,6 +70,8 @@ class DigitsFederated(FederatedDataModule):
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's samples held out as its test set.
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed for partitioning, styling, splitting and shuffling.
         binary_positive: Turn the task into one digit against the rest: label 1 for this digit (0–9), label 0 for
             every other digit, ``num_classes`` 2. None (default): the 10-class task.
@@ -97,11 +99,18 @@ class DigitsFederated(FederatedDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 256,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
         binary_positive: int | None = None,
         positive_fraction: float | None = None,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         check_image_args(image_size, channels)

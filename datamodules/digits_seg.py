@@ -91,6 +91,8 @@ class DigitsSegFederated(FederatedDataModule):
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's images (and of the digit scans) held out for testing.
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed of composition, partition, styles, split and shuffling.
 
     Raises:
@@ -113,9 +115,16 @@ class DigitsSegFederated(FederatedDataModule):
         batch_size: int = 16,
         eval_batch_size: int = 128,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         checks = {
             "num_clients": num_clients >= 1,
             "image_size": image_size >= 4,

@@ -73,6 +73,8 @@ class ImageFolderFederated(FederatedDataModule):
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's samples held out as its test set.
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed for splitting and shuffling.
 
     Raises:
@@ -90,9 +92,16 @@ class ImageFolderFederated(FederatedDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 256,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         check_image_args(image_size, channels)
         if classes is not None and (not classes or len(set(classes)) != len(classes)):
             raise ValueError(f"classes must be a non-empty list of distinct names, got {classes}")

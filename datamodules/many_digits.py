@@ -98,6 +98,8 @@ class ManyDigitsFederated(FederatedDataModule):
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Share of each client's images in its test set (and of the scans in the test pool).
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed of pools, sizes, label mixes, draws and augmentation.
 
     Raises:
@@ -117,9 +119,16 @@ class ManyDigitsFederated(FederatedDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 256,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         check_image_args(image_size, channels)
         values = {
             "num_clients": num_clients, "samples_per_client": samples_per_client, "size_sigma": size_sigma,

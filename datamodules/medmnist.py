@@ -153,6 +153,8 @@ class MedMNISTFederated(FederatedDataModule):
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's samples held out as its test set.
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed for partitioning, styling, splitting and shuffling.
 
     Raises:
@@ -179,9 +181,16 @@ class MedMNISTFederated(FederatedDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 256,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         if partition not in _SCHEMES:

@@ -32,7 +32,7 @@ from datamodules.volumes import (
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 _SLICE_MODES = ("foreground", "all")
-_SPLITS = ("train", "test")
+_SPLITS = ("train", "test", "val")  # a split column's values; "val" rows are the official validation split
 _CSV_COLUMNS = ("image", "label", "site")
 
 
@@ -47,7 +47,7 @@ class Case:
             same case id are one patient: they always land in the same client and the same split.
         image: The image volume's file.
         label: The label volume's file.
-        split: ``"train"`` or ``"test"`` when given by the CSV's ``split`` column, else None (a seeded split).
+        split: ``"train"``, ``"test"`` or ``"val"`` when given by the CSV's ``split`` column, else None (seeded).
     """
 
     site: str
@@ -150,7 +150,7 @@ def read_index_csv(path: Path) -> list[Case]:
 
     Raises:
         FileNotFoundError: If the CSV, or a volume it names, does not exist (naming it and the row).
-        ValueError: Naming the CSV and row: a missing column, an empty cell, a ``split`` other than train/test,
+        ValueError: Naming the CSV and row: a missing column, an empty cell, a ``split`` other than train/test/val,
             an image listed twice, or one case given both splits.
     """
     if not path.is_file():
@@ -173,7 +173,7 @@ def read_index_csv(path: Path) -> list[Case]:
                 raise ValueError(f"{where}: empty {column!r}")
         split = row["split"].lower() if has_split else None
         if split is not None and split not in _SPLITS:
-            raise ValueError(f"{where}: split must be 'train' or 'test', got {row['split']!r}")
+            raise ValueError(f"{where}: split must be 'train', 'val' or 'test', got {row['split']!r}")
         files = []
         for column in ("image", "label"):
             file = Path(row[column])
@@ -202,6 +202,8 @@ def split_cases(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np
     Args:
         n: Number of cases.
         test_fraction: Fraction of cases held out, in [0, 1).
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed of the choice.
 
     Returns:
@@ -241,7 +243,8 @@ class NiftiSegFederated(FederatedDataModule):
       is not ``.nii``/``.nii.gz`` is refused, naming it.
     - ``index_csv``: a CSV with columns ``image``, ``label``, ``site`` (paths relative to the CSV's folder, or
       absolute), optionally ``case`` (rows with the same case id in a site are one patient; default: each row is
-      its own case) and ``split`` (``train``/``test``: the split is then taken from it and ``test_fraction`` is
+      its own case) and ``split`` (``train``/``test``/``val``: the split is then taken from it, ``val`` rows being the
+      official validation split, and ``test_fraction`` is
       not used).
 
     Each site is one client whose id is the site's name, or, with ``clients_per_site=k > 1``, ``k`` clients
@@ -305,9 +308,16 @@ class NiftiSegFederated(FederatedDataModule):
         batch_size: int = 16,
         eval_batch_size: int = 64,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         if (root is None) == (index_csv is None):
             raise ValueError("give exactly one of root (a folder per site) and index_csv (a CSV index)")
         check_image_args(image_size, 1)
@@ -397,6 +407,7 @@ class NiftiSegFederated(FederatedDataModule):
                     split = {
                         "train": [c for j in train for c in by_site[site][names[j]]],
                         "test": [c for j in test for c in by_site[site][names[j]]],
+                        "val": [],
                     }
                 out.append((client, site, split))
         return out
@@ -424,7 +435,7 @@ class NiftiSegFederated(FederatedDataModule):
                 x_all = torch.cat(xs) if xs else torch.empty(0, 1, s, s)
                 y_all = torch.cat(ys) if ys else torch.empty(0, s, s, dtype=torch.int64)
                 where = f"{'site' if client == site else 'client'} {client!r} ({self._source})"
-                if not len(x_all) and (name == "train" or need_test):
+                if not len(x_all) and (name == "train" or (name == "test" and need_test)):
                     if not parts[name]:
                         reason = (
                             "its split column puts no case in it"
@@ -441,6 +452,9 @@ class NiftiSegFederated(FederatedDataModule):
                 tensors[name] = (x_all, y_all)
                 sources[name] = src
             (train_x, train_y), (test_x, test_y) = tensors["train"], tensors["test"]
+            # a case is a patient: a carved validation split takes whole cases (datamodules.validation)
+            case_ids = {name: i for i, name in enumerate(dict.fromkeys(name for name, _ in sources["train"]))}
+            official = parts.get("val")  # the split column's val rows, if it has any
             splits.append(
                 ClientSplit(
                     client,
@@ -450,6 +464,12 @@ class NiftiSegFederated(FederatedDataModule):
                     test_y,
                     train_domain=torch.full((len(train_y),), site_index, dtype=torch.int64),
                     test_domain=torch.full((len(test_y),), site_index, dtype=torch.int64),
+                    val_x=tensors["val"][0] if official else None,
+                    val_y=tensors["val"][1] if official else None,
+                    val_domain=torch.full((len(tensors["val"][1]),), site_index, dtype=torch.int64)
+                    if official
+                    else None,
+                    train_case=torch.tensor([case_ids[name] for name, _ in sources["train"]], dtype=torch.int64),
                 )
             )
             self._client_site[client] = site
@@ -484,17 +504,17 @@ class NiftiSegFederated(FederatedDataModule):
 
         Args:
             client_id: One of :attr:`client_ids`.
-            split: ``"train"`` or ``"test"``.
+            split: ``"train"``, ``"test"`` or ``"val"`` (the train slices as read, before a carved validation split).
 
         Returns:
             One ``(case id, index)`` per slice of the split.
 
         Raises:
             KeyError: If the client id is unknown.
-            ValueError: If ``split`` is not ``"train"`` or ``"test"``.
+            ValueError: If ``split`` is not ``"train"``, ``"test"`` or ``"val"``.
         """
         if split not in _SPLITS:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+            raise ValueError(f"split must be 'train', 'test' or 'val', got {split!r}")
         self.client_data(client_id)
         return list(self._slice_sources[client_id][split])
 

@@ -181,6 +181,8 @@ class SegFolderFederated(FederatedDataModule):
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's pairs held out as its test set (random split only; ignored with
             ``train/``/``test/`` sub-folders or a ``split_file``).
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed for splitting and shuffling.
         split_file: Optional CSV or text file giving every image's split, one ``client,image,split`` line
             (image relative to ``root/<client>/``) or ``image,split`` line (image relative to ``root``) per image,
@@ -208,10 +210,17 @@ class SegFolderFederated(FederatedDataModule):
         batch_size: int = 16,
         eval_batch_size: int = 64,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
         split_file: str | Path | None = None,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         check_image_args(image_size, channels)
         if mask_values is not None and (not mask_values or len(set(mask_values)) != len(mask_values)):
             raise ValueError(f"mask_values must be a non-empty list of distinct pixel values, got {mask_values}")

@@ -89,6 +89,8 @@ class SiteTableFederated(FederatedDataModule):
         batch_size: Training batch size.
         eval_batch_size: Batch size of the test loaders.
         test_fraction: Fraction of each client's rows held out as its test set when there is no ``split_column``.
+        val_fraction: Fraction of each client's training samples held out as its validation set
+            (default 0: none; see :class:`~datamodules.base.FederatedDataModule`).
         seed: Seed for subsampling, splitting sites into clients, the train/test split and shuffling.
 
     Raises:
@@ -120,9 +122,16 @@ class SiteTableFederated(FederatedDataModule):
         batch_size: int = 32,
         eval_batch_size: int = 256,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, test_fraction=test_fraction, seed=seed)
+        super().__init__(
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            test_fraction=test_fraction,
+            seed=seed,
+            val_fraction=val_fraction,
+        )
         check_image_args(image_size, channels)
         if clients_per_site < 1:
             raise ValueError(f"clients_per_site must be >= 1, got {clients_per_site}")

@@ -58,5 +58,7 @@ class SyntheticFederated(FederatedDataModule):
             x, y = stored["images"], stored["labels"]
             if self.train_on == "real_and_synthetic":
                 x, y = torch.cat([real.train_x, x]), torch.cat([real.train_y, y])
-            splits.append(ClientSplit(cid, x.float(), y.long(), real.test_x, real.test_y, None, real.test_domain))
+            # the real data's validation split stays the validation split (the model is chosen on real images)
+            splits.append(ClientSplit(cid, x.float(), y.long(), real.test_x, real.test_y, None, real.test_domain,
+                                      real.val_x, real.val_y, real.val_domain))  # fmt: skip
         return splits

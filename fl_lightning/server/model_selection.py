@@ -68,14 +68,15 @@ def default_monitor(primary_metric: str, has_global_model: bool) -> str:
 
 
 def monitored_value(evaluation: dict[str, Any], monitor: Monitor) -> float | None:
-    """The monitor's value in a (validation) evaluation, or None when the evaluation does not hold it."""
+    """The monitor's value in a validation evaluation: NaN where every client's is NaN, None where none has it."""
     if monitor.model == "pooled":
         value = evaluation.get("pooled", {}).get(monitor.metric)
     else:
         value = evaluation.get("summary", {}).get(monitor.model, {}).get(monitor.metric, {}).get(monitor.stat)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return float(value)
+        if value is None:  # summarise() leaves out a metric that is NaN on every client
+            per_client = evaluation.get("clients", {}).get(monitor.model, {})
+            value = math.nan if any(monitor.metric in m for m in per_client.values()) else None
+    return None if value is None else float(value)
 
 
 def available_monitors(evaluation: dict[str, Any]) -> list[str]:
@@ -108,11 +109,17 @@ class Selection:
     best_summary: dict[str, Any] = field(default_factory=dict)
 
     def update(self, round_idx: int, value: float) -> bool:
-        """Record round ``round_idx``'s (1-based) value; whether it is the new best (ties keep the earlier round)."""
+        """Record round ``round_idx``'s (1-based) value; whether it is the new best (ties keep the earlier round).
+
+        A NaN value (a diverged model) never improves.
+        """
         self.history.append((round_idx, value))
-        improved = self.best_value is None or (
-            value < self.best_value if self.monitor.lower_is_better else value > self.best_value
-        )
+        if math.isnan(value):
+            improved = False
+        elif self.best_value is None:
+            improved = True
+        else:
+            improved = value < self.best_value if self.monitor.lower_is_better else value > self.best_value
         if improved:
             self.best_round, self.best_value, self.since_best = round_idx, value, 0
         else:

@@ -217,8 +217,8 @@ def test_csv_index_with_split_and_case_columns(root: Path, tmp_path: Path):
     for cid in grouped.client_ids:
         test = {c for c, _ in grouped.slice_sources(cid, "test")}
         assert test in ({"p0"}, {"same"}) and not test & {c for c, _ in grouped.slice_sources(cid)}
-    bad = write_csv(tmp_path / "bad.csv", "image,label,site,split", [(*csv_rows(root)[0][:3], "val")])
-    with pytest.raises(ValueError, match=r"bad\.csv line 2: split must be 'train' or 'test', got 'val'"):
+    bad = write_csv(tmp_path / "bad.csv", "image,label,site,split", [(*csv_rows(root)[0][:3], "valid")])
+    with pytest.raises(ValueError, match=r"bad\.csv line 2: split must be 'train', 'val' or 'test', got 'valid'"):
         NiftiSegFederated(index_csv=bad).setup()
     write_csv(bad, "image,label,site,split", [csv_rows(root)[0], (*csv_rows(root)[0][:3], "train")])
     with pytest.raises(ValueError, match=r"bad\.csv line 3: image .* is already listed on line 2"):
@@ -353,3 +353,20 @@ def test_a_header_claiming_more_voxels_than_the_file_holds_is_refused_before_rea
         read_volume(path)
     save(path, np.ones((2, 2, 2), np.float32))  # an honest header still reads
     assert read_volume(path)[0].shape == (2, 2, 2)
+
+
+def test_val_rows_are_the_official_validation_split_and_a_carved_one_takes_whole_cases(root: Path, tmp_path: Path):
+    rows = [(*r[:3], "val" if r[4] == "p2" else r[3], r[4]) for r in csv_rows(root)]
+    official = NiftiSegFederated(index_csv=write_csv(tmp_path / "v.csv", "image,label,site,split,case", rows),
+                                 image_size=8)  # fmt: skip
+    assert official.has_validation
+    for cid in official.client_ids:
+        assert {c for c, _ in official.slice_sources(cid, "val")} == {"p2"}
+        assert official.num_val_samples(cid) == len(official.slice_sources(cid, "val")) > 0
+    # no split column: the carve moves whole cases (each with several slices) to validation
+    carved = NiftiSegFederated(root=root, image_size=8, test_fraction=0.0, val_fraction=0.5)
+    for cid in carved.client_ids:
+        data = carved.client_data(cid)
+        per_case = len(carved.slice_sources(cid)) // 3  # three cases, equal slice counts
+        assert len(data.val_y) % per_case == 0 and 0 < len(data.val_y) < len(carved.slice_sources(cid))
+        assert len(set(data.train_case.tolist())) == 3 - len(data.val_y) // per_case

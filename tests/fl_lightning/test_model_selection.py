@@ -23,6 +23,7 @@ from fl_lightning.server.model_selection import (
 )
 from tests.conftest import build_federation, tiny_data
 
+LOSS = "val/loss"  # the ruined rounds' loss explodes: the best round on it is known
 TINY = {"num_clients": 3, "image_size": 8, "max_samples_per_client": 40, "batch_size": 8, "seed": 0}  # as tiny_data
 
 EVALUATION = {
@@ -66,7 +67,9 @@ def test_a_monitor_that_is_not_a_validation_metric_is_refused(text):
 
 def test_missing_values_are_none_and_the_default_follows_the_models():
     assert monitored_value(EVALUATION, parse_monitor("val/dice_mean")) is None
-    assert monitored_value({"summary": {"global": {"acc": {"mean": math.nan}}}}, parse_monitor("val/acc")) is None
+    diverged = {"summary": {"global": {}}, "clients": {"global": {"site0": {"loss": math.nan}}}}
+    assert math.isnan(monitored_value(diverged, parse_monitor("val/loss")))
+    assert monitored_value(diverged, parse_monitor("val/acc")) is None
     assert default_monitor("acc", has_global_model=True) == "val/acc_mean"
     assert default_monitor("dice", has_global_model=False) == "val/personal/dice_mean"
 
@@ -91,6 +94,8 @@ def test_the_best_round_ties_keep_the_earlier_one_and_patience_counts_evaluation
     assert "val/acc" in reason and "round 2" in reason and "patience=2" in reason
     lower, improved = _selection("val/loss", [0.9, 1.0, 0.8])
     assert improved == [True, False, True] and lower.best_round == 3
+    diverged, improved = _selection("val/loss", [math.nan, 0.9, math.nan])
+    assert improved == [False, True, False] and (diverged.best_round, diverged.since_best) == (2, 1)
 
 
 def test_the_state_round_trips_through_a_checkpoint_entry():
@@ -110,7 +115,8 @@ def test_patience_must_be_positive():
 
 
 class RuinAfter(FederatedCallback):
-    """From round ``after`` + 1 on, the aggregated model is replaced by noise: the best validation round is early."""
+    """From round ``after`` + 1 on, the aggregated model is replaced by large noise: its validation loss explodes, so
+    the best round on ``val/loss`` is at most ``after``."""
 
     def __init__(self, after: int) -> None:
         super().__init__()
@@ -169,11 +175,11 @@ def test_select_best_needs_a_validation_split(tmp_path):
 
 def test_best_reports_the_chosen_rounds_test_metrics_equal_to_a_run_stopped_there(tmp_path):
     data, opener = guarded()
-    best, fed = _run(tmp_path, "best", [RuinAfter(2), opener], data=data, rounds=4, select="best")
+    best, fed = _run(tmp_path, "best", [RuinAfter(2), opener], data=data, rounds=4, select="best", monitor=LOSS)
     chosen = best["selection"]["round"]
     assert chosen <= 2 < best["rounds"] == 4
-    assert best["selection"]["select"] == "best" and best["selection"]["monitor"] == "val/acc_mean"
-    assert best["selection"]["value"] == max(v for _, v in fed.choice.selection.history)
+    assert best["selection"]["select"] == "best" and best["selection"]["monitor"] == LOSS
+    assert best["selection"]["value"] == min(v for _, v in fed.choice.selection.history)
     assert best["last_round"]["round"] == 4
     stopped, _ = _run(tmp_path, "stopped", [RuinAfter(2)], rounds=chosen)
     assert best["summary"] == stopped["summary"] and best["clients"] == stopped["clients"]
@@ -195,7 +201,7 @@ def test_last_with_a_validation_split_reads_the_test_set_once_at_the_end(tmp_pat
 def test_early_stopping_ends_the_run_after_patience_rounds_without_improvement(tmp_path):
     data, opener = guarded()
     out, fed = _run(tmp_path, "early", [RuinAfter(2), opener], data=data, rounds=8, patience=2,
-                    select="best")  # fmt: skip
+                    select="best", monitor=LOSS)  # fmt: skip
     best = out["selection"]["round"]
     assert out["rounds"] == best + 2 < 8
     assert "early stopping" in out["stopped"]
@@ -204,7 +210,7 @@ def test_early_stopping_ends_the_run_after_patience_rounds_without_improvement(t
 
 def test_private_states_of_the_chosen_round_are_evaluated(tmp_path):
     """FedBN keeps the norm layers on the clients: the chosen round's personal models are the kept copies."""
-    best, _ = _run(tmp_path, "fedbn-best", [FedBN(), RuinAfter(2)], rounds=4, select="best",
+    best, _ = _run(tmp_path, "fedbn-best", [FedBN(), RuinAfter(2)], rounds=4, select="best", monitor=LOSS,
                    model_kwargs={"norm": "batch"})  # fmt: skip
     chosen = best["selection"]["round"]
     stopped, _ = _run(tmp_path, "fedbn-stopped", [FedBN(), RuinAfter(2)], rounds=chosen,
@@ -214,10 +220,12 @@ def test_private_states_of_the_chosen_round_are_evaluated(tmp_path):
 
 
 def test_a_resumed_run_selects_and_reports_as_the_uninterrupted_one(tmp_path):
-    whole, _ = _run(tmp_path, "whole", [FedBN(), RuinAfter(2)], rounds=4, select="best",
+    whole, _ = _run(tmp_path, "whole", [FedBN(), RuinAfter(2)], rounds=4, select="best", monitor=LOSS,
                     model_kwargs={"norm": "batch"})  # fmt: skip
-    _run(tmp_path, "part", [FedBN(), RuinAfter(2)], rounds=3, select="best", model_kwargs={"norm": "batch"})
-    resumed, _ = _run(tmp_path, "part", [FedBN(), RuinAfter(2)], rounds=4, select="best", resume="last",
+    _run(
+        tmp_path, "part", [FedBN(), RuinAfter(2)], rounds=3, select="best", monitor=LOSS, model_kwargs={"norm": "batch"}
+    )
+    resumed, _ = _run(tmp_path, "part", [FedBN(), RuinAfter(2)], rounds=4, select="best", monitor=LOSS, resume="last",
                       model_kwargs={"norm": "batch"})  # fmt: skip
     assert resumed["selection"] == whole["selection"]
     assert resumed["summary"] == whole["summary"] and resumed["last_round"] == whole["last_round"]
