@@ -237,6 +237,21 @@ def evaluation_means(evaluation: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def final_test_metrics(chosen: dict[str, Any], chosen_round: int, last: dict[str, Any] | None) -> dict[str, float]:
+    """The loggers' end-of-run test metrics of the chosen round, and of the last round (``test_last/…``) if other.
+
+    ``test/<model>/<metric>`` (client mean, ``_std``, ``_worst``), ``test/pooled/<metric>`` and ``test/round``.
+    """
+    out: dict[str, float] = {"test/round": float(chosen_round)}
+    for prefix, evaluation in (("test", chosen), ("test_last", last or {})):
+        for model, stats in evaluation.get("summary", {}).items():
+            for metric, s in stats.items():
+                out.update({f"{prefix}/{model}/{metric}": s["mean"], f"{prefix}/{model}/{metric}_std": s["std"],
+                            f"{prefix}/{model}/{metric}_worst": s["worst"]})  # fmt: skip
+        out.update({f"{prefix}/pooled/{m}": v for m, v in evaluation.get("pooled", {}).items()})
+    return out
+
+
 def is_validation(evaluation: dict[str, Any]) -> bool:
     """Whether an evaluation scored the clients' validation sets (an evaluation round with a validation split)."""
     return evaluation.get("split") == "val"

@@ -186,6 +186,18 @@ class RoundTracker:
         for entry in self._replay.pop(id(logger), []):
             self._log_wandb(logger, entry["round"], entry["metrics"], entry["clients"])
 
+    def log_final(self, metrics: dict[str, float], round_idx: int) -> None:
+        """Log the end-of-run test metrics (a run with a validation split reads its test sets once, at the end).
+
+        W&B gets them in the run's summary (its rounds' history holds validation metrics only); other loggers
+        at the last round's step.
+        """
+        for logger in self.loggers:
+            if isinstance(logger, (WandbArgs, WandbLogger)):
+                self._wandb(logger).summary.update(metrics)
+            else:
+                logger.log_metrics(metrics, step=round_idx)
+
     def finish(self, status: str = "success") -> None:
         """Flush and close every logger (a W&B run this tracker opened is finished, with exit code 1 if failed)."""
         for logger in self.loggers:

@@ -136,6 +136,9 @@ class Federation(Server):
                     self.save_checkpoint()
             if self.choice is not None:  # the test sets, read once; without a validation split the last round's stands
                 self.last_evaluation = self.choice.final_test(self, self.last_evaluation)
+                chosen = self.choice.chosen_round or self.round
+                metrics = records.final_test_metrics(self.last_evaluation, chosen, self.choice.last_round_test)
+                self.tracker.log_final(metrics, self.round)
             status = "success"
         finally:
             self.reporter.stop()

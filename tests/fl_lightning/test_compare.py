@@ -361,3 +361,20 @@ def test_one_method_with_different_arguments_is_two_rows(tmp_path):
         compare.compare([load_run(low), load_run(again)])
     seeds = compare.compare([load_run(low), load_run(fedprox_run(tmp_path, "seed1", 1, 0.01))])["methods"]
     assert list(seeds) == ["FedProx"]  # equal arguments: one row, two seeds
+
+
+def test_runs_chosen_on_validation_show_the_monitor_its_value_and_the_rounds(tmp_path):
+    runs = [write_run(tmp_path, f"fedavg-{s}", s, v, CURVES["FedAvg"][s]) for s, v in enumerate(FEDAVG[:2])]
+    for run, (value, chosen) in zip(runs, [(0.81, 2), (0.83, 3)], strict=True):
+        summary = json.loads((run / "summary.json").read_text())
+        summary["selection"] = {"select": "best", "monitor": "val/acc_mean", "round": chosen, "value": value}
+        (run / "summary.json").write_text(json.dumps(summary))
+    result = compare.compare([load_run(r) for r in runs])
+    entry = result["methods"]["FedAvg"]
+    assert entry["selection"]["monitor"] == ["val/acc_mean"] and entry["selection"]["rounds"] == [2, 3]
+    assert entry["selection"]["value"]["mean"] == pytest.approx(0.82)
+    header, rows = compare.table.table_rows(result)
+    assert "chosen on (validation)" in header
+    assert rows[0][header.index("chosen on (validation)")].startswith("val/acc_mean 0.8200 ± 0.0141 at rounds 2, 3")
+    plain = compare.compare([load_run(write_run(tmp_path / "plain", "a", 0, FEDAVG[0], [0.5]))])
+    assert "chosen on (validation)" not in compare.table.table_rows(plain)[0]

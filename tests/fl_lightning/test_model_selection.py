@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,3 +230,18 @@ def test_a_resumed_run_selects_and_reports_as_the_uninterrupted_one(tmp_path):
                       model_kwargs={"norm": "batch"})  # fmt: skip
     assert resumed["selection"] == whole["selection"]
     assert resumed["summary"] == whole["summary"] and resumed["last_round"] == whole["last_round"]
+
+
+def test_the_loggers_get_the_test_metrics_once_at_the_end(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path / "csv", name="run")
+    out, _ = _run(tmp_path, "logged", [RuinAfter(2)], rounds=3, select="best", monitor=LOSS,
+                  trainer_kwargs={"logger": logger})  # fmt: skip
+    rows = (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert "test/global/acc" in header and "test_last/global/acc" in header and "test/round" in header
+    assert "val/global/acc" in header and not any(h.startswith("eval/") for h in header)
+    final = [dict(zip(header, r.split(","), strict=True)) for r in rows[1:] if r.split(",")[header.index("test/round")]]
+    assert len(final) == 1 and float(final[0]["test/round"]) == out["selection"]["round"]
+    assert float(final[0]["test/global/acc"]) == pytest.approx(out["summary"]["global"]["acc"]["mean"])
