@@ -149,9 +149,4 @@ class LocalFineTuning(FederatedCallback):
             except Exception as err:  # noqa: BLE001 - one client's failure must not end the run
                 return {"metrics": None, "error": repr(err)}
         module.to(device)  # a strategy other than the fitter's resident one moves it to the CPU after a fit
-        return {
-            "metrics": module.evaluate(
-                data.client_test_loader(cid) if split == "test" else data.client_eval_loader(cid, split), device
-            ),
-            "error": None,
-        }
+        return {"metrics": module.evaluate(data.client_eval_loader(cid, split), device), "error": None}

@@ -353,9 +353,7 @@ def routed_metrics(
     net, norm = module.net, module.input_norm
     module.net, module.input_norm = _RoutedNet(models, routes), nn.Identity()
     try:
-        data = ctx.data
-        loader = data.client_test_loader(client_id) if split == "test" else data.client_eval_loader(client_id, split)
-        return module.evaluate(loader, ctx.device)
+        return module.evaluate(ctx.data.client_eval_loader(client_id, split), ctx.device)
     finally:
         module.net, module.input_norm = net, norm
 

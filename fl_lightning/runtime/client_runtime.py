@@ -331,7 +331,7 @@ class ClientRuntime:
         opts = task.options
         module.to(device)
         split = str(opts.get("split", "test"))
-        loader = self.data.client_test_loader(cid) if split == "test" else self.data.client_eval_loader(cid, split)
+        loader = self.data.client_eval_loader(cid, split)
         metrics: dict[str, Any] = {}
         payloads: dict[str, Any] = {}
         if opts.get("global", True):
