@@ -148,8 +148,12 @@ def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deplo
     site, local = (json.loads((d / "summary.json").read_text())
                    for d in (deploy(deployment, config, extra), inprocess(tmp_path, config, extra)))  # fmt: skip
     assert site["selection"]["split"] == "val"
-    for key in ("selection", "summary", "clients", "last_round"):
+    for key in ("selection", "summary", "clients"):
         assert site.get(key) == local.get(key), key
+    # the pooled model's test metrics need every prediction in one place: a simulation computes them, a site's
+    # predictions never leave it (evaluation.py), so over a deployment only the per-client part is compared
+    assert "pooled" not in site["last_round"] and "pooled" in local["last_round"]
+    assert site["last_round"] == {k: v for k, v in local["last_round"].items() if k != "pooled"}
 
 
 @pytest.mark.slow

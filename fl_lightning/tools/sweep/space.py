@@ -100,7 +100,7 @@ class Space:
 
 
 def flamby_grid(low_k: int, high_k: int) -> tuple[float, ...]:
-    """FLamby's learning-rate grid ``10^(k/2)`` for ``k = low_k … high_k`` (``flamby_grid(-4, -2)`` = 0.01, 0.0316…, 0.1).
+    """FLamby's grid ``10^(k/2)`` for ``k = low_k … high_k``: ``flamby_grid(-4, -2)`` = 0.01, 0.0316…, 0.1.
 
     The grid FLamby tuned each strategy's learning rate on (its ``config_<dataset>.json`` files hold one value of
     it per strategy). Values are rounded to 12 significant digits so that ``10^(-2/2)`` is 0.1, not 0.1000…01.
@@ -149,6 +149,8 @@ def parse_space(raw: Any, path: Path, text: str = "") -> Space:
             raise SpaceError(
                 f"--space {path}: {key}: expected a distribution ({{type: ...}}) or one value, got {spec!r}"
             )
+    if not params:
+        raise SpaceError(f"--space {path}: no key is searched (each one is a fixed value): give one a distribution")
     return Space(path, tuple(params), fixed, text)
 
 
