@@ -4,7 +4,7 @@ The other commands are ``python -m fl_lightning.tools.<name>``; the issue that a
 ``fl_lightning.sweep``, and both paths run the same :func:`fl_lightning.tools.sweep.cli.main`.
 """
 
-from fl_lightning.tools.sweep.cli import main
+from fl_lightning.tools.sweep.cli import command
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(command())

@@ -4,6 +4,7 @@ and a pruned trial's run directory saying so."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
@@ -18,6 +19,8 @@ from fl_lightning.tools.sweep.worker import distributions, work
 from tests.anchors.runs import describe
 from tests.sweep.tiny import FEDPROX, SPACE, TINY, write_space
 from tests.test_configs import stop_after_round_1
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sweep_args(tmp_path, space=SPACE, trials=2, extra=()):
@@ -108,3 +111,22 @@ def test_a_pruned_trial_stops_early_and_its_run_directory_says_so(tmp_path):
     summary = json.loads((trial_dir(plan, pruned.number) / "summary.json").read_text())
     assert summary["sweep"] == {"study": plan.study, "trial": 5, "pruned": True, "pruned_after_round": 1}
     assert summary["rounds"] == 1 and "pruned by the sweep" in summary["stopped"]
+
+
+def test_every_file_column_and_trial_attribute_of_a_sweep_is_documented(tmp_path):
+    from fl_lightning.tools.sweep.owners import PREFIX
+    from fl_lightning.tools.sweep.results import write_live
+
+    plan, _ = plan_from(*split(sweep_args(tmp_path, trials=2)))
+    plan.write()
+    study = load_study(plan)
+    check_plan(study, plan)
+    work(plan)
+    write_live(plan, study, study.get_trials())
+    page = (REPO / "docs" / "reference" / "run-directory.md").read_text()
+    out = tmp_path / "sweep"
+    names = {p.name for p in out.iterdir()} - {"space.yaml"}
+    names |= set((out / "sweep_results.csv").read_text().splitlines()[0].split(",")) - set(SPACE)
+    names |= {k.removeprefix(PREFIX) for t in study.get_trials() for k in t.user_attrs}
+    names |= set(json.loads((trial_dir(plan, 0) / "summary.json").read_text())["sweep"])
+    assert sorted(n for n in names if f"`{n}`" not in page and f"`{n}/`" not in page) == []

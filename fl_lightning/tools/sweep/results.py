@@ -1,5 +1,8 @@
 """The sweep's own files: ``sweep_results.csv`` (one row per trial), ``objective.png`` and ``importance.png``.
 
+All three are rewritten each time a trial ends, so they show the sweep so far while it runs (and the sweep's own
+process, idle while its workers train, has drawn them once before the end).
+
 ``importance.png`` shows Optuna's parameter importances (fANOVA, seeded) over the complete trials; with fewer than
 two complete trials there is nothing to attribute, and the file is not written (the sweep says so).
 """
@@ -16,6 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from fl_lightning.outputs.plots import save_figure
 from fl_lightning.outputs.run_dir import atomic_write_text
 from fl_lightning.tools.sweep.owners import PREFIX
 
@@ -56,6 +60,24 @@ def write_results(path: Path, trials: Sequence[FrozenTrial], keys: Sequence[str]
     return path
 
 
+def write_live(plan: Any, study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[str]:
+    """The sweep's three files for the trials so far (the sweep rewrites them each time a trial ends).
+
+    Args:
+        plan: The sweep (a :class:`~fl_lightning.tools.sweep.study.Plan`).
+        study: Its study (for the importances).
+        trials: The study's trials.
+
+    Returns:
+        One line per file for the terminal: ``wrote <path>``, or why ``importance.png`` was not written.
+    """
+    out = Path(plan.out)
+    keys = [p.key for p in plan.space.params]
+    written = (write_results(out / RESULTS, trials, keys),
+               plot_objective(out / OBJECTIVE_PNG, trials, plan.objective, plan.direction))  # fmt: skip
+    return [*(f"wrote {path}" for path in written), plot_importance(out / IMPORTANCE_PNG, study)]
+
+
 def plot_objective(path: Path, trials: Sequence[FrozenTrial], objective: str, direction: str) -> Path:
     """``objective.png``: each trial's value by number (pruned ones marked) and the best so far."""
     import matplotlib
@@ -82,9 +104,7 @@ def plot_objective(path: Path, trials: Sequence[FrozenTrial], objective: str, di
     ax.set_xlabel("trial")
     ax.set_ylabel(f"{objective} (validation, chosen round)")
     ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)  # renamed into place: a reader never sees half a PNG
     return path
 
 
@@ -109,7 +129,5 @@ def plot_importance(path: Path, study: optuna.Study) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 0.6 + 0.5 * len(names)))
     ax.barh(names, [importances[n] for n in names], color="C0")
     ax.set_xlabel(f"importance (fANOVA over {len(complete)} complete trials)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)  # renamed into place: a reader never sees half a PNG
     return f"wrote {path}"

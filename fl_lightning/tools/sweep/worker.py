@@ -124,9 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, default=None, help="the sweep's pid: stop taking trials when it is gone")
     parser.add_argument("--no-wait", action="store_true", help="start at once instead of waiting for 'go' on stdin")
     args = parser.parse_args(argv)
-    import fl_lightning.cli  # noqa: F401 - the import is the bulk of a worker's start: done before the go-ahead
-    from fl_lightning.tools.sweep.cli import quiet_libraries
+    from fl_lightning.startup.heap import long_lived
 
+    with long_lived():  # the bulk of a worker's start, done before the go-ahead; kept as train.py keeps it
+        import fl_lightning.cli  # noqa: F401
+        from fl_lightning.tools.sweep.cli import quiet_libraries
+
+        # Optuna imports SQLAlchemy and Alembic at the first RDB storage (~0.6 s): open one on a throwaway
+        # in-memory database now, so the go-ahead finds them imported
+        open_storage("sqlite:///:memory:")
     quiet_libraries()
 
     if not args.no_wait and sys.stdin.readline().strip() != "go":
