@@ -101,3 +101,27 @@ def test_each_trial_is_sampled_with_its_own_seed_so_workers_do_not_draw_alike(tm
     first = draws(tmp_path / "a", [0, 1])
     assert first[0] != first[1]  # two workers, each with a sampler of its own
     assert draws(tmp_path / "b", [0, 1]) == first  # and reproducible
+
+
+def test_workers_sampling_a_grid_in_turn_visit_each_point_once(tmp_path):
+    from fl_lightning.tools.sweep.worker import distributions
+
+    grid = {"model.init_args.lr": {"type": "flamby_grid", "low_k": -5, "high_k": -2}}
+    import yaml
+
+    p = plan(tmp_path, sampler="grid", space_text=yaml.safe_dump(grid))
+    for n in range(4):  # each trial asked by a sampler of its own, as each worker builds one per trial
+        trial = load_study(p, trial=n).ask(distributions(p.space))
+        load_study(p).tell(trial.number, 0.5)  # as the worker tells: the grid's last point ends no optimize loop
+    lrs = [t.params["model.init_args.lr"] for t in load_study(p).get_trials()]
+    assert sorted(lrs) == list(p.space.params[0].choices)
+
+
+def test_workers_share_the_cores(monkeypatch):
+    from fl_lightning.tools.sweep.cli import worker_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert (worker_threads(1), worker_threads(2), worker_threads(3), worker_threads(16)) == ("8", "4", "2", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_threads(2) == "3"

@@ -130,3 +130,17 @@ def test_every_file_column_and_trial_attribute_of_a_sweep_is_documented(tmp_path
     names |= {k.removeprefix(PREFIX) for t in study.get_trials() for k in t.user_attrs}
     names |= set(json.loads((trial_dir(plan, 0) / "summary.json").read_text())["sweep"])
     assert sorted(n for n in names if f"`{n}`" not in page and f"`{n}/`" not in page) == []
+
+
+def test_a_grid_sweep_visits_each_point_once_and_ends_when_the_grid_is_used_up(tmp_path):
+    space = {"data.init_args.val_fraction": 0.25, "model.init_args.lr": {"type": "categorical", "choices": [0.05, 0.1]}}
+    args = sweep_args(tmp_path, space=space, trials=2)
+    args[args.index("--trials") :] = ["--trials", "2", "--sampler", "grid", *args[args.index("--trials") + 2 :]]
+    plan, _ = plan_from(*split(args))
+    plan.write()
+    study = load_study(plan)
+    check_plan(study, plan)
+    assert work(plan) == 2  # the second tell uses up the grid: Optuna's grid sampler would stop() and raise there
+    trials = study.get_trials()
+    assert sorted(t.params["model.init_args.lr"] for t in trials) == [0.05, 0.1]
+    assert {t.state for t in trials} == {TrialState.COMPLETE}

@@ -180,21 +180,30 @@ def make_sampler(name: str, params: tuple[Param, ...], seed: int) -> optuna.samp
     raise ValueError(f"--sampler {name!r}: expected one of {', '.join(SAMPLERS)}")
 
 
-def load_study(plan: Plan, storage: RDBStorage | None = None, trial: int = 0) -> optuna.Study:
-    """The plan's study (created if new), with its sampler and pruner.
+def load_study(plan: Plan, storage: RDBStorage | None = None, trial: int | None = None) -> optuna.Study:
+    """The plan's study (created if new), with its pruner and, to sample a trial, its sampler.
 
     Args:
         plan: The sweep.
         storage: An open storage of ``plan.storage`` (default: opened here).
-        trial: The number of the trial about to be sampled: the sampler's seed is the plan's plus it. Each worker
-            holds its own sampler; seeded alike, the workers would draw the same parameters for their trials.
+        trial: The number of the trial about to be sampled (its study asks for that one trial), or None for a
+            study to read the trials and tell results with: its sampler does nothing after a trial (Optuna's grid
+            sampler stops an ``optimize`` loop when its grid is used up, which raises outside one). The TPE and
+            random samplers' seed is the plan's plus ``trial``: each worker holds its own sampler, and seeded
+            alike the workers would draw the same parameters. The grid sampler keeps the plan's seed: the seed
+            orders the grid points and a trial names its point by that order (its ``grid_id``), so every worker
+            must order them alike.
     """
-    space = plan.space
+    if trial is None:
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.RandomSampler(seed=plan.seed)
+    else:
+        seed = plan.seed if plan.sampler == "grid" else plan.seed + trial
+        sampler = make_sampler(plan.sampler, plan.space.params, seed)
     return optuna.create_study(
         storage=storage or open_storage(plan.storage),
         study_name=plan.study,
         direction=plan.direction,
-        sampler=make_sampler(plan.sampler, space.params, plan.seed + trial),
+        sampler=sampler,
         pruner=make_pruner(plan.pruner),
         load_if_exists=True,
     )
