@@ -13,7 +13,7 @@ from fl_lightning.cli import main as train
 from fl_lightning.tools.sweep.claims import trial_values
 from fl_lightning.tools.sweep.cli import build_parser, main, plan_from
 from fl_lightning.tools.sweep.owners import Owner, this_process
-from fl_lightning.tools.sweep.study import check_plan, load_study
+from fl_lightning.tools.sweep.study import Plan, check_plan, load_study
 from fl_lightning.tools.sweep.trial_run import run_args, trial_args, trial_dir
 from fl_lightning.tools.sweep.worker import distributions, work
 from tests.anchors.runs import describe
@@ -144,3 +144,22 @@ def test_a_grid_sweep_visits_each_point_once_and_ends_when_the_grid_is_used_up(t
     trials = study.get_trials()
     assert sorted(t.params["model.init_args.lr"] for t in trials) == [0.05, 0.1]
     assert {t.state for t in trials} == {TrialState.COMPLETE}
+
+
+def test_the_command_reruns_the_best_configuration_and_compares_its_test_scores(tmp_path, capsys):
+    args = sweep_args(tmp_path, trials=2)
+    args[args.index("--seeds") + 1] = "2"
+    assert main(args) == 0
+    out = tmp_path / "sweep"
+    study = load_study(Plan.read(out / "sweep.json"))
+    best = study.best_trial
+    reruns = [json.loads((out / "best" / f"seed-{k}" / "summary.json").read_text()) for k in range(2)]
+    # seed 0 is the trials' seed: its re-run repeats the best trial, validation value and chosen round
+    assert reruns[0]["selection"]["value"] == best.value
+    assert reruns[0]["selection"]["round"] == best.user_attrs["fl_lightning:round"]
+    assert "sweep" not in reruns[0]  # a re-run is not a trial: never pruned
+    table = (out / "best" / "comparison" / "comparison.md").read_text()
+    assert "2 (0, 1)" in table and "chosen on (validation)" in table
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"best trial {best.number}: val/acc_mean = {best.value:.4f} on validation" in printed
+    assert (out / "sweep_results.csv").read_text().count("\n") == 3
