@@ -7,6 +7,7 @@ sub-folders, or by a split file.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from datamodules.split import split_train_test
 
 MASK_SUFFIXES = (".png", ".bmp", ".tif", ".tiff")  # lossless only: a JPEG mask would invent class values
 SPLITS = ("train", "test")
+VAL = "val"  # an optional official validation split: a val/ sub-folder, or split file lines saying val
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,8 @@ def read_split_file(path: Path) -> list[tuple[int, str, Path, str]]:
     starting with ``#`` are skipped; a first line ``client,image,split`` or ``image,split`` is a header. In
     ``client,image,split`` the image path is relative to ``root/<client>/`` (``images/case1.png``,
     ``test/images/case1.png``); in ``image,split`` it is relative to ``root`` and starts with the client folder
-    (``hospA/images/case1.png``). ``split`` is ``train`` or ``test`` (any case).
+    (``hospA/images/case1.png``). ``split`` is ``train``, ``test`` or ``val`` (any case; ``val``: the client's
+    official validation set).
 
     Args:
         path: The split file.
@@ -93,7 +96,7 @@ def read_split_file(path: Path) -> list[tuple[int, str, Path, str]]:
     Raises:
         FileNotFoundError: If the file does not exist.
         ValueError: Naming the file and the line: a line without 2 or 3 fields, an empty field, an ``image,split``
-            path without a client folder, or a split other than train/test; or if the file lists no image.
+            path without a client folder, or a split other than train/test/val; or if the file lists no image.
     """
     if not path.is_file():
         raise FileNotFoundError(f"split file not found: {path}")
@@ -126,8 +129,8 @@ def read_split_file(path: Path) -> list[tuple[int, str, Path, str]]:
         if not all(fields):
             raise ValueError(f"{where}: empty field in {line!r}")
         *head, image, split = fields
-        if split.lower() not in SPLITS:
-            raise ValueError(f"{where}: split must be 'train' or 'test', got {split!r}")
+        if split.lower() not in (*SPLITS, VAL):
+            raise ValueError(f"{where}: split must be 'train', 'test' or 'val', got {split!r}")
         relative = Path(image)
         if head:
             client = head[0]
@@ -164,10 +167,13 @@ class SegFolderFederated(FederatedDataModule):
       ``images/`` + ``masks/`` layout above (``root/<client>/test/images/case1.png`` + ``.../test/masks/case1.png``),
       they are its training and test sets, each in file-stem order. Every client must then have them: a mix of
       clients with and without sub-folders is an error naming both groups (pass ``split_file`` to mix layouts).
+      A ``val/`` sub-folder beside them (same layout) is the client's official validation set.
     - otherwise random: each client's pairs are split at random (seeded by ``seed`` and the client id), a
       ``test_fraction`` of them held out.
 
-    With a given split (file or folders) no pair is moved and ``test_fraction`` is ignored (logged at INFO).
+    With a given split (file or folders) no pair is moved and ``test_fraction`` is ignored (logged at INFO). Official
+    validation images (``val/`` folders, ``val`` lines) are each client's validation set; ``val_fraction`` must then
+    stay 0 (else it carves one out of the training images).
     Image/mask pairing is checked in every folder as it is for the random split.
 
     Args:
@@ -300,8 +306,11 @@ class SegFolderFederated(FederatedDataModule):
             )
         return True
 
-    def _given_splits(self, client_dirs: list[Path]) -> dict[str, tuple[list[Pair], list[Pair]]] | None:
-        """Every client's (train pairs, test pairs) from ``split_file`` or the sub-folders; None: random split."""
+    def _given_splits(self, client_dirs: list[Path]) -> dict[str, tuple[list[Pair], list[Pair], list[Pair]]] | None:
+        """Every client's (train, test, val pairs) from ``split_file`` or the sub-folders; None: random split.
+
+        The val pairs are empty where the client has no official validation images.
+        """
         if self.split_file is not None:
             log.info("%s: train/test split given by %s; test_fraction is ignored", self.root, self.split_file)
             return self._file_splits(client_dirs, self.split_file)
@@ -320,10 +329,17 @@ class SegFolderFederated(FederatedDataModule):
             "%s: train/test split given by the clients' train/ and test/ sub-folders; test_fraction is ignored",
             self.root,
         )
-        return {d.name: (self._pairs(d / "train", d.name), self._pairs(d / "test", d.name)) for d in client_dirs}
+        return {
+            d.name: (
+                self._pairs(d / "train", d.name),
+                self._pairs(d / "test", d.name),
+                self._pairs(d / VAL, d.name) if (d / VAL).is_dir() else [],
+            )
+            for d in client_dirs
+        }
 
-    def _file_splits(self, client_dirs: list[Path], path: Path) -> dict[str, tuple[list[Pair], list[Pair]]]:
-        """Every client's (train pairs, test pairs) as the split file ``path`` lists them, in file order (strict)."""
+    def _file_splits(self, client_dirs: list[Path], path: Path) -> dict[str, tuple[list[Pair], list[Pair], list[Pair]]]:
+        """Every client's (train, test, val pairs) as the split file ``path`` lists them, in file order (strict)."""
         rows = read_split_file(path)
         dirs = {d.name: d for d in client_dirs}
         listed: dict[str, dict[Path, tuple[int, Path, str]]] = {}
@@ -350,7 +366,7 @@ class SegFolderFederated(FederatedDataModule):
             )
         out = {}
         for client, client_dir in dirs.items():
-            folders = [f for f in (client_dir / "train", client_dir / "test") if f.is_dir()]
+            folders = [f for f in (client_dir / "train", client_dir / "test", client_dir / VAL) if f.is_dir()]
             if (client_dir / "images").is_dir() or (client_dir / "masks").is_dir() or not folders:
                 folders.insert(0, client_dir)  # without any layout, _pairs names the missing images/ directory
             pairs = {image.resolve(): (image, mask) for f in folders for image, mask in self._pairs(f, client)}
@@ -367,11 +383,11 @@ class SegFolderFederated(FederatedDataModule):
                     f"split file {path} does not list image {missing[0]} of client {client!r} ({len(missing)} "
                     f"unlisted); every image of a client must be listed"
                 )
-            split = {s: [pairs[k] for k, (_, _, given) in listed[client].items() if given == s] for s in SPLITS}
+            split = {s: [pairs[k] for k, (_, _, given) in listed[client].items() if given == s] for s in (*SPLITS, VAL)}
             for s in SPLITS:
                 if not split[s]:
                     raise ValueError(f"split file {path} gives client {client!r} no {s} image")
-            out[client] = (split["train"], split["test"])
+            out[client] = (split["train"], split["test"], split[VAL])
         return out
 
     def _load(self) -> list[ClientSplit]:
@@ -381,6 +397,13 @@ class SegFolderFederated(FederatedDataModule):
         if not client_dirs:
             raise ValueError(f"no client directories in {self.root}; expected root/<client>/images and masks")
         given = self._given_splits(client_dirs)
+        official = [c for c, (_, _, val) in (given or {}).items() if val]
+        if official and self.val_fraction > 0:
+            raise ValueError(
+                f"{self.root}: client(s) {', '.join(map(repr, official))} have official validation images (val/ or "
+                f"split 'val') and val_fraction={self.val_fraction} would carve another validation set: keep one "
+                "(val_fraction: 0 to use the official images)"
+            )
         splits = []
         for client_dir in client_dirs:
             if given is None:
@@ -389,18 +412,24 @@ class SegFolderFederated(FederatedDataModule):
                 seed = stable_seed(self.seed, "split", client_dir.name)
                 train, test = split_train_test(idx, np.zeros(len(idx), dtype=np.int64), self.test_fraction, seed)
             else:
-                train_pairs, test_pairs = given[client_dir.name]
-                pairs = train_pairs + test_pairs
-                train, test = np.arange(len(train_pairs)), np.arange(len(train_pairs), len(pairs))
+                train_pairs, test_pairs, val_pairs = given[client_dir.name]
+                pairs = train_pairs + test_pairs + val_pairs
+                train, test = (
+                    np.arange(len(train_pairs)),
+                    np.arange(len(train_pairs), len(train_pairs) + len(test_pairs)),
+                )
+                val = np.arange(len(train_pairs) + len(test_pairs), len(pairs))
             for image, mask in pairs:
                 check_pair_size(image, mask, client_dir.name)
             x = np.stack([load_image(img, self.channels, self.size) for img, _ in pairs])
             y = np.stack([self._mask_classes(load_mask(m, self.size), m, client_dir.name) for _, m in pairs])
             images = torch.as_tensor(x, dtype=torch.float32).permute(0, 3, 1, 2).contiguous() / 255.0
             masks = torch.as_tensor(y, dtype=torch.int64)
-            splits.append(
-                ClientSplit(
-                    client_dir.name, images[train].contiguous(), masks[train], images[test].contiguous(), masks[test]
-                )
+            split = ClientSplit(
+                client_dir.name, images[train].contiguous(), masks[train], images[test].contiguous(), masks[test]
             )
+            if official:  # every client's official validation set (empty for one without: no carving then)
+                at = torch.as_tensor(val)
+                split = dataclasses.replace(split, val_x=images[at].contiguous(), val_y=masks[at])
+            splits.append(split)
         return splits

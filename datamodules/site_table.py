@@ -7,6 +7,8 @@ hospital an image comes from is the client, so the shift between clients is the 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import itertools
 import re
 from pathlib import Path
 
@@ -29,10 +31,12 @@ from datamodules.site_rows import (
     site_order,
 )
 from datamodules.split import split_train_test
+from datamodules.validation import carve_validation
 
 # Schemes that split one site over several clients (by label: a site is already one domain).
 _TABLE_SCHEMES = ("iid", "dirichlet")
 _LABEL_TYPES = ("auto", "integer", "string")
+_TRAIN, _TEST, _VAL = 0, 1, 2  # a row's split, from split_column
 
 
 _INTEGER = re.compile(r"[+-]?\d+")  # a label written as an integer (surrounding spaces stripped)
@@ -49,9 +53,10 @@ class SiteTableFederated(FederatedDataModule):
 
     Labels are integers (ids, named by ``classes`` if given) or text: class names mapped to their position in
     ``classes``, else in the sorted distinct values (:attr:`class_names`). Each client's test set is its rows whose
-    ``split_column`` value is in ``test_values`` (the rest must be in ``train_values``), else a seeded, stratified
-    ``test_fraction`` of its rows. Every image's site index is its ``train_domain``/``test_domain``, so
-    ``partition.png`` and ``sites.png`` show the sites.
+    ``split_column`` value is in ``test_values`` (its validation set those in ``val_values``, if given; the rest
+    must be in ``train_values``), else a seeded, stratified ``test_fraction`` of its rows, of its cases with
+    ``case_column`` (a carved validation split then takes whole cases too). Every image's site index is its
+    ``train_domain``/``test_domain``, so ``partition.png`` and ``sites.png`` show the sites.
 
     Every error names the file and, for a row's problem, the row: a missing CSV or column (listing the columns
     present), an image that does not exist or is not an image, a label that is not an integer where integers are
@@ -75,6 +80,13 @@ class SiteTableFederated(FederatedDataModule):
         split_column: Column holding each row's split (None: a seeded ``test_fraction`` per client).
         train_values: ``split_column`` values of the training rows (None: ``["train"]``; Camelyon17-WILDS: ``[0]``).
         test_values: ``split_column`` values of the test rows (None: ``["test"]``; Camelyon17-WILDS: ``[1]``).
+        val_values: ``split_column`` values of the official validation rows (e.g. ``["val"]``): they are each
+            client's validation set, and ``val_fraction`` must stay 0. None: no row is a validation row (every
+            row's value is then in ``train_values`` or ``test_values``; ``val_fraction`` carves a validation set
+            out of the training rows).
+        case_column: Column naming each row's case (patient, slide): the seeded splits then take whole cases, so
+            no case is in two of a client's sets (the test split without ``split_column``, and the validation split
+            carved by ``val_fraction``). None: rows are split one by one.
         label_type: ``"integer"`` (class ids), ``"string"`` (class names) or ``"auto"`` (integers if every label
             is a number, names if none is).
         classes: Class names in label order: the names text labels are mapped to (a label not among them is an
@@ -113,6 +125,8 @@ class SiteTableFederated(FederatedDataModule):
         split_column: str | None = None,
         train_values: list[str | int] | None = None,
         test_values: list[str | int] | None = None,
+        val_values: list[str | int] | None = None,
+        case_column: str | None = None,
         label_type: str = "auto",
         classes: list[str] | None = None,
         num_classes: int | None = None,
@@ -169,9 +183,23 @@ class SiteTableFederated(FederatedDataModule):
         self.split_column = split_column
         self.train_values = _values(train_values, "train_values") or ["train"]
         self.test_values = _values(test_values, "test_values") or ["test"]
-        both = sorted(set(self.train_values) & set(self.test_values))
-        if both:
-            raise ValueError(f"split values {both} are in both train_values and test_values")
+        self.val_values = _values(val_values, "val_values") or []
+        for (a, first), (b, second) in itertools.combinations(
+            (("train_values", self.train_values), ("test_values", self.test_values), ("val_values", self.val_values)), 2
+        ):
+            both = sorted(set(first) & set(second))
+            if both:
+                raise ValueError(f"split values {both} are in both {a} and {b}")
+        if self.val_values and split_column is None:
+            raise ValueError("val_values names split_column values: set split_column too (or leave val_values None)")
+        if self.val_values and val_fraction > 0:
+            raise ValueError(
+                f"val_values {self.val_values} are the official validation rows and val_fraction={val_fraction} "
+                "would carve another validation set: keep one (val_fraction: 0 to use the official rows)"
+            )
+        if case_column is not None and not case_column:
+            raise ValueError(f"case_column must name a column or be None, got {case_column!r}")
+        self.case_column = case_column
         self.label_type = label_type
         self.classes = list(classes) if classes is not None else None
         self.max_samples_per_site = max_samples_per_site
@@ -213,6 +241,8 @@ class SiteTableFederated(FederatedDataModule):
             needed.update({f"path_template field {{{c}}}": c for c in self._fields})
         if self.split_column is not None:
             needed["split_column"] = self.split_column
+        if self.case_column is not None:
+            needed["case_column"] = self.case_column
         for option, column in needed.items():
             if column not in header:
                 present = ", ".join(repr(c) for c in header)
@@ -310,23 +340,44 @@ class SiteTableFederated(FederatedDataModule):
             self._declared_num_classes = high
         return np.array(labels, dtype=np.int64)
 
-    def _is_test(self, rows: list[dict[str, str]], lines: list[tuple[int, int]], kept: list[int]) -> np.ndarray | None:
-        """Whether each kept row is a test row (from ``split_column``), or None without one."""
+    def _row_splits(
+        self, rows: list[dict[str, str]], lines: list[tuple[int, int]], kept: list[int]
+    ) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+        """Whether each kept row is a test row and whether it is a validation row (from ``split_column``).
+
+        Returns ``(None, None)`` without a split column.
+        """
         if self.split_column is None:
-            return None
-        out = []
+            return None, None
+        codes = []
         for r in kept:
             value = rows[r][self.split_column].strip()
             if value in self.test_values:
-                out.append(True)
+                codes.append(_TEST)
+            elif value in self.val_values:
+                codes.append(_VAL)
             elif value in self.train_values:
-                out.append(False)
+                codes.append(_TRAIN)
             else:
+                val = f" nor val_values {self.val_values}" if self.val_values else ""
                 raise ValueError(
                     f"{self._where(lines[r])}: split {value!r} (column {self.split_column!r}) is in neither "
-                    f"train_values {self.train_values} nor test_values {self.test_values}"
+                    f"train_values {self.train_values} nor test_values {self.test_values}{val}"
                 )
-        return np.array(out, dtype=bool)
+        out = np.array(codes, dtype=np.int8)
+        return out == _TEST, out == _VAL
+
+    def _cases(self, rows: list[dict[str, str]], lines: list[tuple[int, int]], kept: list[int]) -> np.ndarray | None:
+        """Each kept row's case index (``case_column``; an empty cell is an error naming the row), or None."""
+        if self.case_column is None:
+            return None
+        values = []
+        for r in kept:
+            value = rows[r][self.case_column].strip()
+            if not value:
+                raise ValueError(f"{self._where(lines[r])} has no case (column {self.case_column!r} is empty)")
+            values.append(value)
+        return np.unique(np.array(values), return_inverse=True)[1].astype(np.int64)
 
     def _image_path(self, row: dict[str, str], line: tuple[int, int]) -> Path:
         if self.path_template is None:
@@ -367,8 +418,9 @@ class SiteTableFederated(FederatedDataModule):
         self._site_names = list(names)
         site_index = self._row_site[np.asarray(kept, dtype=np.int64)]
         labels = self._labels(rows, lines, kept)
-        is_test = self._is_test(rows, lines, kept)
-        self._check_sites(site_index, is_test, names)
+        is_test, is_val = self._row_splits(rows, lines, kept)
+        cases = self._cases(rows, lines, kept)
+        self._check_sites(site_index, is_test, is_val, names)
         paths = [self._image_path(rows[r], lines[r]) for r in kept]
         missing = [i for i, p in enumerate(paths) if not p.is_file()]
         if missing:
@@ -383,12 +435,12 @@ class SiteTableFederated(FederatedDataModule):
         )  # fmt: skip
         if is_test is not None:
             for cid, idx in zip(ids, parts, strict=True):
-                if is_test[idx].all() or not is_test[idx].any():
-                    which = "training" if is_test[idx].all() else "test"
-                    raise ValueError(
-                        f"{self.path}: client {cid!r} (split out of its site, {len(idx)} rows) has no {which} rows; "
-                        f"use fewer clients_per_site"
-                    )
+                for which, mask in (("training", ~is_test & ~is_val), ("test", is_test), ("validation", is_val)):
+                    if (which != "validation" or self.val_values) and not mask[idx].any():
+                        raise ValueError(
+                            f"{self.path}: client {cid!r} (split out of its site, {len(idx)} rows) has no {which} "
+                            "rows; use fewer clients_per_site"
+                        )
         images = np.empty((len(kept), self.size, self.size, self.channels), dtype=np.uint8)
         for i, (r, file) in enumerate(zip(kept, paths, strict=True)):
             try:
@@ -396,10 +448,12 @@ class SiteTableFederated(FederatedDataModule):
             except ValueError as err:
                 raise ValueError(f"{self._where(lines[r])}: {file} is not an image ({err.__cause__ or err})") from None
         x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
-        return self._splits_of(x, labels, site_index, is_test, parts, ids)
+        return self._splits_of(x, labels, site_index, (is_test, is_val), cases, parts, ids)
 
-    def _check_sites(self, site_index: np.ndarray, is_test: np.ndarray | None, names: list[str]) -> None:
-        """Every site has rows for training and for testing, for each of its clients."""
+    def _check_sites(
+        self, site_index: np.ndarray, is_test: np.ndarray | None, is_val: np.ndarray | None, names: list[str]
+    ) -> None:
+        """Every site has rows for training and for testing (and validation rows with ``val_values``)."""
         for s, name in enumerate(names):
             in_site = site_index == s
             n = int(in_site.sum())
@@ -416,9 +470,11 @@ class SiteTableFederated(FederatedDataModule):
                     )
                 check_clients_fit(n, self.clients_per_site, self.test_fraction, where)
                 continue
-            for rows_of, values in ((~is_test, "train_values"), (is_test, "test_values")):
+            checks = [(~is_test & ~is_val, "train_values"), (is_test, "test_values")]
+            checks += [(is_val, "val_values")] if self.val_values else []
+            for rows_of, values in checks:
                 if not rows_of[in_site].any():
-                    kind = "training" if values == "train_values" else "test"
+                    kind = {"train_values": "training", "test_values": "test", "val_values": "validation"}[values]
                     raise ValueError(
                         f"{where} has no {kind} rows: none of its {n} rows has a {self.split_column!r} value in "
                         f"{values} {getattr(self, values)}"
@@ -429,19 +485,42 @@ class SiteTableFederated(FederatedDataModule):
         x: torch.Tensor,
         labels: np.ndarray,
         site_index: np.ndarray,
-        is_test: np.ndarray | None,
+        row_splits: tuple[np.ndarray, np.ndarray] | tuple[None, None],
+        cases: np.ndarray | None,
         parts: list[np.ndarray],
         ids: list[str],
     ) -> list[ClientSplit]:
+        """Each client's split: the split column's, or seeded (by whole cases with ``case_column``)."""
         out = []
+        is_test, is_val = row_splits
         domain = torch.as_tensor(site_index, dtype=torch.int64)
         y = torch.as_tensor(labels, dtype=torch.int64)
+        case = None if cases is None else torch.as_tensor(cases)
         for cid, idx in zip(ids, parts, strict=True):
+            val = None
             if is_test is None:
-                train, test = split_train_test(idx, labels, self.test_fraction, stable_seed(self.seed, "split", cid))
+                seed = stable_seed(self.seed, "split", cid)
+                if case is None:
+                    train, test = split_train_test(idx, labels, self.test_fraction, seed)
+                else:  # whole cases: the split of carve_validation, over this client's rows
+                    keep, held = carve_validation(y[idx], case[idx], self.test_fraction, seed)
+                    train, test = idx[keep], idx[held]
+                    if not len(test):
+                        raise ValueError(
+                            f"{self.path}: client {cid!r} has {len(np.unique(cases[idx]))} cases (column "
+                            f"{self.case_column!r}), so at test_fraction={self.test_fraction} it is left without a "
+                            "test case; raise test_fraction, add cases or drop the site (sites=[...])"
+                        )
             else:
-                train, test = idx[~is_test[idx]], idx[is_test[idx]]
-            out.append(client_split(cid, x, y, domain, train, test))
+                train, test = idx[~is_test[idx] & ~is_val[idx]], idx[is_test[idx]]
+                val = idx[is_val[idx]] if self.val_values else None
+            split = client_split(cid, x, y, domain, train, test)
+            if case is not None:  # a carved validation split takes whole cases too (datamodules.validation)
+                split = dataclasses.replace(split, train_case=case[torch.as_tensor(train)])
+            if val is not None:  # the official validation rows
+                at = torch.as_tensor(val)
+                split = dataclasses.replace(split, val_x=x[at].contiguous(), val_y=y[at], val_domain=domain[at])
+            out.append(split)
         return out
 
     # ------------------------------------------------------------------------------------------- names

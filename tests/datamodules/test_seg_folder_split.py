@@ -203,8 +203,10 @@ def test_split_file_errors_name_the_file_line_and_client(flat_root: Path, tmp_pa
     with pytest.raises(FileNotFoundError, match=r"split file .*s\.csv line 3: image .*hospA/images/case099\.png not"):
         load([*good[:2], "hospA,images/case099.png,train", *good[2:]])
     # An unknown split value.
-    with pytest.raises(ValueError, match=r"split file .*s\.csv line 5: split must be 'train' or 'test', got 'val'"):
-        load([*good[:4], good[4].replace(",train", ",val"), *good[5:]])
+    with pytest.raises(
+        ValueError, match=r"split file .*s\.csv line 5: split must be 'train', 'test' or 'val', got 'vl'"
+    ):
+        load([*good[:4], good[4].replace(",train", ",vl"), *good[5:]])
     # A client with no test image.
     with pytest.raises(ValueError, match=r"split file .*s\.csv gives client 'hospB' no test image"):
         load(flat_lines({2}))
@@ -308,3 +310,36 @@ def test_one_fedavg_round_on_a_subfolder_layout(tmp_path: Path):
     )
     assert summary["rounds"] == 1
     assert {cid: c["test_samples"] for cid, c in summary["clients"].items()} == {"siteA": 2, "siteB": 3}
+
+
+# ------------------------------------------------------------------------------------------------ official validation
+
+
+def test_val_subfolders_are_the_official_validation_sets(split_root: Path):
+    write_pairs(split_root / "hospA" / "val", [41, 40])
+    write_pairs(split_root / "hospB" / "val", [50])
+    dm = SegFolderFederated(split_root, image_size=SIZE)
+    a, b = dm.client_data("hospA"), dm.client_data("hospB")
+    assert ids(a.val_x) == [40, 41] and ids(b.val_x) == [50] and dm.has_validation
+    assert ids(a.train_x) == [1, 2, 3, 4] and ids(a.test_x) == [10, 11, 12]  # nothing moved
+    for ident, mask in zip(ids(a.val_x), a.val_y, strict=True):
+        expected = (np.random.default_rng(ident).random((SIZE, SIZE)) > 0.5).astype(np.int64)
+        assert torch.equal(mask, torch.as_tensor(expected))
+    with pytest.raises(ValueError, match=r"client\(s\) 'hospA', 'hospB' have official validation images .* "
+                       r"val_fraction=0.25 would carve another"):  # fmt: skip
+        SegFolderFederated(split_root, image_size=SIZE, val_fraction=0.25).setup()
+
+
+def test_split_file_val_lines_are_the_official_validation_set(flat_root: Path, tmp_path: Path):
+    split_file = tmp_path / "s.csv"
+    split_file.write_text(
+        "client,image,split\n"
+        "hospA,images/case001.png,train\nhospA,images/case002.png,val\nhospA,images/case003.png,test\n"
+        "hospA,images/case004.png,train\nhospA,images/case005.png,VAL\nhospA,images/case006.png,train\n"
+        "hospB,images/case011.png,train\nhospB,images/case012.png,test\nhospB,images/case013.png,train\n"
+        "hospB,images/case014.png,train\n"
+    )
+    dm = SegFolderFederated(flat_root, image_size=SIZE, split_file=split_file)
+    a, b = dm.client_data("hospA"), dm.client_data("hospB")
+    assert ids(a.val_x) == [2, 5] and ids(a.train_x) == [1, 4, 6] and ids(a.test_x) == [3]
+    assert len(b.val_x) == 0 and ids(b.train_x) == [11, 13, 14]  # a client without val lines has none (not carved)

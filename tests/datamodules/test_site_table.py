@@ -307,3 +307,54 @@ def test_one_round_through_the_cli(tmp_path: Path, config: str) -> None:
     assert "\n    channels: 3\n" in (tmp_path / "runs" / "r" / "config.yaml").read_text()
     assert all(np.isfinite(m["global"]["loss"]) for m in summary["clients"].values())
     assert (tmp_path / "runs" / "r" / "sites.png").is_file()
+
+
+def test_val_values_are_each_clients_official_validation_rows(tmp_path: Path) -> None:
+    split = ["test" if i % 4 == 0 else "val" if i % 4 == 1 else "train" for n in SITES.values() for i in range(n)]
+    path = _table(tmp_path, with_split=True, split=split)
+    dm = SiteTableFederated(path, split_column="split", val_values=["val"], image_size=4)
+    assert dm.has_validation
+    for site in SITES:
+        start, data = min(_site_rows(site)), dm.client_data(site)
+        val = {start + i for i in range(SITES[site]) if i % 4 == 1}
+        test = {start + i for i in range(SITES[site]) if i % 4 == 0}
+        assert set(_rows(data.val_x)) == val and set(_rows(data.test_x)) == test
+        assert set(_rows(data.train_x)) == _site_rows(site) - val - test
+        assert data.val_domain.unique().tolist() == [list(SITES).index(site)]
+    assert dm.num_val_samples(site) == len(val)
+    # val rows without val_values
+    _error(path, "split 'val' .* in neither train_values .* nor test_values", split_column="split")
+
+
+def test_val_values_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="val_fraction=0.2 would carve another validation set"):
+        SiteTableFederated(tmp_path / "m.csv", split_column="split", val_values=["val"], val_fraction=0.2)
+    with pytest.raises(ValueError, match="set split_column too"):
+        SiteTableFederated(tmp_path / "m.csv", val_values=["val"])
+    with pytest.raises(ValueError, match=r"split values \['train'\] are in both train_values and val_values"):
+        SiteTableFederated(tmp_path / "m.csv", split_column="split", val_values=["train"])
+    split = ["test" if i % 4 == 0 else "val" if i % 4 == 1 and n != 12 else "train"
+             for n in SITES.values() for i in range(n)]  # fmt: skip
+    path = _table(tmp_path, with_split=True, split=split)
+    _error(path, r"site 'hospB' .* has no validation rows: .* val_values \['val'\]", split_column="split",
+           val_values=["val"])  # fmt: skip
+
+
+def test_case_column_keeps_each_case_in_one_set(tmp_path: Path) -> None:
+    cases = [f"{site}-p{i // 3}" for site, n in SITES.items() for i in range(n)]  # three images per patient
+    path = _table(tmp_path)
+    text = path.read_text().splitlines()  # _table writes only its own columns: add the patient column
+    rows = [line + f",{case}" for line, case in zip(text[1:], cases, strict=True)]
+    path.write_text("\n".join([text[0] + ",patient", *rows]) + "\n")
+    dm = SiteTableFederated(path, case_column="patient", test_fraction=0.25, val_fraction=0.25, image_size=4)
+    for site in SITES:
+        data = dm.client_data(site)
+        sets = [{cases[r] for r in _rows(part)} for part in (data.train_x, data.val_x, data.test_x)]
+        assert all(sets) and not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+        assert sum(len(s) for s in sets) == math.ceil(SITES[site] / 3)  # every case in exactly one set
+    plain = SiteTableFederated(_table(tmp_path / "p"), test_fraction=0.25, val_fraction=0.25, image_size=4)
+    mixed = [{cases[r] for r in _rows(plain.client_data(s).test_x)}
+             & {cases[r] for r in _rows(plain.client_data(s).train_x)} for s in SITES]  # fmt: skip
+    assert any(mixed)  # without the case column, rows are split one by one: cases do straddle the sets
+    path.write_text(path.read_text().replace(",hospA-p0\n", ",\n", 1))
+    _error(path, r"meta.csv row 1 .* has no case \(column 'patient' is empty\)", case_column="patient")

@@ -118,7 +118,7 @@ def test_workers_sampling_a_grid_in_turn_visit_each_point_once(tmp_path):
 
 
 def test_workers_share_the_cores(monkeypatch):
-    from fl_lightning.tools.sweep.cli import worker_threads
+    from fl_lightning.tools.sweep.threads import worker_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 8)

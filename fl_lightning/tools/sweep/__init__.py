@@ -9,8 +9,9 @@ The parts, each one job:
 - :mod:`.owners` and :mod:`.claims`: who runs which trial, and which running trials are orphans to continue;
 - :mod:`.trial_run`: one trial as a run directory, started, continued from its checkpoint, or read;
 - :mod:`.pruning`: the callback that reports each validation round and stops a pruned trial;
-- :mod:`.worker`: a worker process; :mod:`.results`: ``sweep_results.csv`` and the plots; :mod:`.best`: the best
-  configuration's re-runs over seeds and their test comparison; :mod:`.cli`: the command.
+- :mod:`.worker`: a worker process; :mod:`.threads`: its torch threads;
+- :mod:`.results`: ``sweep_results.csv`` and the plots; :mod:`.best`: the best configuration's re-runs over seeds
+  and their test comparison; :mod:`.cli`: the command.
 
 Needs the ``sweep`` extra (``pip install -e .[sweep]``: Optuna).
 """

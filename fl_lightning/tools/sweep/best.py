@@ -39,7 +39,7 @@ def rerun_best(plan: Plan, best: Any, base_seed: int, console: Console) -> list[
     """
     import torch
 
-    from fl_lightning.tools.sweep.cli import worker_threads
+    from fl_lightning.tools.sweep.threads import worker_threads
 
     values = trial_values(best, plan.space.fixed)
     results = []

@@ -35,6 +35,7 @@ from fl_lightning.tools.sweep.study import (
     load_study,
     open_storage,
 )
+from fl_lightning.tools.sweep.threads import worker_threads
 
 COMMAND = "python -m fl_lightning.sweep"
 POLL = 0.25  # seconds between two looks at the study while the workers run
@@ -143,15 +144,6 @@ def plan_from(args: argparse.Namespace, extra: list[str]) -> tuple[Plan, int]:
         seeds=args.seeds,
     )
     return plan, int(config.get("seed_everything") or 0)
-
-
-def worker_threads(count: int) -> str:
-    """Each worker's torch threads: ``OMP_NUM_THREADS`` if set, else an equal share of this machine's cores.
-
-    Two workers on two cores, each with torch's default of one thread per core, run a trial ~6× slower than one
-    worker alone (the threads wait on each other); shared out, they run as fast as the cores allow.
-    """
-    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // count))
 
 
 def start_workers(out: Path, count: int) -> list[subprocess.Popen]:
