@@ -1,6 +1,7 @@
 """Federated datamodules: per-client data, seeded partitioners, per-site imaging styles and samplers."""
 
 from datamodules.base import ClientSplit, FederatedDataModule
+from datamodules.clinical_table import ClinicalTableFederated
 from datamodules.digits import DigitsFederated
 from datamodules.digits_seg import DigitsSegFederated
 from datamodules.image_folder import ImageFolderFederated
@@ -23,6 +24,7 @@ from datamodules.split import split_train_test
 from datamodules.synthetic import SyntheticFederated
 
 __all__ = [
+    "ClinicalTableFederated",
     "PARTITION_SCHEMES",
     "ClientSplit",
     "DigitsFederated",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -18,6 +18,8 @@ from datamodules.split import check_labels
 from datamodules.validation import with_validation
 
 POOLED_KEY = "__pooled__"
+SAMPLE_KINDS = ("image", "table")
+LABEL_KINDS = ("class", "survival")
 
 
 class SampleBatch(Sequence[tuple[Tensor, ...]]):
@@ -77,8 +79,9 @@ class ClientSplit:
     Attributes:
         client_id: Unique id of the client (e.g. ``"site0"``; never ``"__pooled__"``); keys its loaders and seeds
             its sampler.
-        train_x: Training images, float32 (N, C, H, W) in [0, 1].
-        train_y: Training labels, int64 (N,), or segmentation masks, int64 (N, H, W) of class ids.
+        train_x: Training images, float32 (N, C, H, W) in [0, 1] (rows of a table: float32 (N, F)).
+        train_y: Training labels, int64 (N,), or segmentation masks, int64 (N, H, W) of class ids, or survival
+            labels, float32 (N, 2) of (time, event).
         test_x: Test images, float32 (M, C, H, W) in [0, 1].
         test_y: Test labels, int64 (M,), or masks (M, H, W).
         train_domain: Optional domain (site style) id per training sample, int64 (N,).
@@ -159,10 +162,19 @@ class FederatedDataModule(L.LightningDataModule):
             classification, by whole cases where the data know them). 0 (the default) keeps the training data as
             they are, bit for bit. A client whose data ship an official validation split uses it instead.
 
+    Attributes:
+        sample_kind: ``"image"`` (samples (C, H, W) in [0, 1]) or ``"table"`` (rows of F standardised features,
+            unbounded); a subclass of tables sets ``"table"``. Image-only methods refuse tables by it.
+        label_kind: ``"class"`` (int64 class ids, or masks) or ``"survival"`` (float32 ``(time, event)`` pairs;
+            :meth:`label_counts` then counts censored and event samples).
+
     Raises:
         ValueError: If a batch size is not positive or ``test_fraction`` or ``val_fraction`` is outside [0, 1).
 
     """
+
+    sample_kind: ClassVar[str] = "image"
+    label_kind: ClassVar[str] = "class"
 
     def __init__(
         self,
@@ -237,6 +249,7 @@ class FederatedDataModule(L.LightningDataModule):
         if len(set(ids)) != len(ids) or POOLED_KEY in ids:
             raise ValueError(f"{self._source}: client ids must be unique and not {POOLED_KEY!r}, got {ids}")
         shape = tuple(splits[0].train_x.shape[1:])
+        rank, what = (2, "features") if self.sample_kind == "table" else (4, "images")
         for s in splits:
             if len(s.train_y) == 0:
                 raise ValueError(f"client {s.client_id!r} has no training samples ({self._source})")
@@ -245,30 +258,25 @@ class FederatedDataModule(L.LightningDataModule):
                 ("test", s.test_x, s.test_y, s.test_domain),
                 ("validation", s.val_x, s.val_y, s.val_domain),
             ):
-                if x.dtype != torch.float32 or x.ndim != 4 or tuple(x.shape[1:]) != shape:
+                if x.dtype != torch.float32 or x.ndim != rank or tuple(x.shape[1:]) != shape:
                     raise ValueError(
-                        f"client {s.client_id!r} {name} images must be float32 (N, {', '.join(map(str, shape))}), "
+                        f"client {s.client_id!r} {name} {what} must be float32 (N, {', '.join(map(str, shape))}), "
                         f"got {x.dtype} {tuple(x.shape)} ({self._source})"
                     )
-                # One label per image (classification) or one per pixel (segmentation masks).
-                label_shapes = ((len(x),), (len(x), *shape[1:]))
-                if y.dtype != torch.int64 or tuple(y.shape) not in label_shapes:
-                    expected = " or ".join(map(str, label_shapes))
-                    raise ValueError(
-                        f"client {s.client_id!r} {name} labels must be int64 of shape {expected}, got {y.dtype} "
-                        f"{tuple(y.shape)} ({self._source})"
-                    )
+                self._check_labels_shape(s.client_id, name, x, y, shape)
                 if dom is not None and tuple(dom.shape) != (len(x),):
-                    raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per image ({len(x)},)")
+                    raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per sample ({len(x)},)")
                 if not bool(torch.isfinite(x).all()):
                     # Checked first: NaN compares false with everything, so the range check below lets it through.
                     bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
                     raise ValueError(
-                        f"client {s.client_id!r} {name} images hold NaN or infinite pixels ({bad} of {len(x)} images) "
-                        f"({self._source})"
+                        f"client {s.client_id!r} {name} {what} hold NaN or infinite values ({bad} of {len(x)} "
+                        f"samples) ({self._source})"
                     )
-                if x.numel() and (x.min() < 0 or x.max() > 1):
+                if self.sample_kind == "image" and x.numel() and (x.min() < 0 or x.max() > 1):
                     raise ValueError(f"client {s.client_id!r} {name} images are outside [0, 1] ({self._source})")
+        if self.label_kind == "survival":
+            return 2  # censored / event: what label_counts counts
         if self._declared_num_classes is not None:
             num_classes = self._declared_num_classes
         else:
@@ -278,6 +286,27 @@ class FederatedDataModule(L.LightningDataModule):
             check_labels(s.test_y, num_classes, s.client_id, self._source)
             check_labels(s.val_y, num_classes, s.client_id, self._source)
         return num_classes
+
+    def _check_labels_shape(self, client_id: str, name: str, x: Tensor, y: Tensor, shape: tuple[int, ...]) -> None:
+        """Refuse labels of the wrong shape or type, naming the client and split.
+
+        One int64 label per sample (classification), one per pixel (segmentation masks), or for survival data a
+        float32 ``(time, event)`` pair per sample.
+        """
+        if self.label_kind == "survival":
+            if y.dtype != torch.float32 or tuple(y.shape) != (len(x), 2):
+                raise ValueError(
+                    f"client {client_id!r} {name} labels must be float32 (time, event) pairs of shape ({len(x)}, 2), "
+                    f"got {y.dtype} {tuple(y.shape)} ({self._source})"
+                )
+            return
+        label_shapes = ((len(x),), (len(x), *shape[1:])) if self.sample_kind == "image" else ((len(x),),)
+        if y.dtype != torch.int64 or tuple(y.shape) not in label_shapes:
+            expected = " or ".join(map(str, label_shapes))
+            raise ValueError(
+                f"client {client_id!r} {name} labels must be int64 of shape {expected}, got {y.dtype} "
+                f"{tuple(y.shape)} ({self._source})"
+            )
 
     # -------------------------------------------------------------------------------------------- properties
 
@@ -294,14 +323,27 @@ class FederatedDataModule(L.LightningDataModule):
 
     @property
     def in_channels(self) -> int:
-        """Channels C of every image (all clients share one image shape)."""
+        """Channels C of every image (all clients share one image shape); 1 for a table (a row is a 1 × F image)."""
+        if self.sample_kind == "table":
+            return 1
         return int(self._first().train_x.shape[1])
 
     @property
     def image_size(self) -> tuple[int, int]:
-        """``(height, width)`` of every image in pixels (all clients share one image shape)."""
+        """``(height, width)`` of every image in pixels (all clients share one image shape); ``(1, F)`` for a table.
+
+        A table has no images: an image network linked to its shape sees a 1 × F image (an MLP then takes the F
+        features; a CNN's shape check refuses the rows with both shapes).
+        """
         x = self._first().train_x
+        if self.sample_kind == "table":
+            return 1, int(x.shape[1])
         return int(x.shape[2]), int(x.shape[3])
+
+    @property
+    def num_features(self) -> int:
+        """Inputs per sample: a table's feature columns (after one-hot encoding), an image's C·H·W values."""
+        return int(self._first().train_x[0].numel())
 
     def _first(self) -> ClientSplit:
         return next(iter(self._ensure_loaded().values()))
@@ -410,6 +452,8 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
         data = self.client_data(client_id)
         labels = {"train": data.train_y, "val": data.val_y, "test": data.test_y}[split]
+        if self.label_kind == "survival":
+            labels = labels[:, 1].long()  # censored (0) and event (1) samples
         return torch.bincount(labels.reshape(-1), minlength=self.num_classes).to(torch.int64)
 
     # ----------------------------------------------------------------------------------------------- loaders

@@ -23,10 +23,11 @@ def carve_validation(
     Without cases, :func:`~datamodules.split.split_train_test` over the samples: ``round(n * val_fraction)`` of
     them, stratified by label for classification (1-D labels), uniformly at random for segmentation masks; at least
     one training sample stays. With cases (a patient's, volume's or scan's samples), the same over the cases, each
-    labelled with its most frequent class for classification, so no case is in both sets.
+    labelled with its most frequent class for classification, so no case is in both sets. Survival labels
+    ``(time, event)`` are stratified by event.
 
     Args:
-        labels: The client's training labels (N,) or masks (N, H, W).
+        labels: The client's training labels (N,), masks (N, H, W) or survival pairs (N, 2).
         cases: A case id per training sample (N,), or None.
         val_fraction: Fraction held out, in [0, 1).
         seed: The split's seed.
@@ -35,7 +36,10 @@ def carve_validation(
         ``(train, val)``: sorted int64 position arrays, disjoint, together ``0 … N-1``.
     """
     n = len(labels)
-    strata = labels.numpy() if labels.ndim == 1 else np.zeros(n, dtype=np.int64)
+    if labels.is_floating_point():  # survival (time, event) pairs: stratified by event
+        strata = labels[:, 1].long().numpy()
+    else:
+        strata = labels.numpy() if labels.ndim == 1 else np.zeros(n, dtype=np.int64)
     if cases is None:
         return split_train_test(np.arange(n), strata, val_fraction, seed)
     ids, per_sample = np.unique(cases.numpy(), return_inverse=True)

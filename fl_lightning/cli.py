@@ -96,9 +96,13 @@ class FederatedCLI(LightningCLI):
             raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Add the federation settings and link ``data.{num_classes,in_channels,image_size}`` → ``model``."""
+        """Add the federation settings and link ``data.{num_classes,in_channels,image_size,num_features}`` → ``model``.
+
+        A link whose target the model class does not take is left out (an image client takes no ``num_features``,
+        a table's client no ``image_size``).
+        """
         parser.add_class_arguments(FederationConfig, "federation")
-        for attr in ("num_classes", "in_channels", "image_size"):
+        for attr in ("num_classes", "in_channels", "image_size", "num_features"):
             parser.link_arguments(f"data.{attr}", f"model.init_args.{attr}", apply_on="instantiate")
         parser.set_defaults(
             {

@@ -3,5 +3,6 @@
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.clients.classification import ClassificationClient
 from fl_lightning.clients.segmentation import SegmentationClient
+from fl_lightning.clients.tabular import TabularClient
 
-__all__ = ["ClassificationClient", "ClientModule", "SegmentationClient"]
+__all__ = ["ClassificationClient", "ClientModule", "SegmentationClient", "TabularClient"]

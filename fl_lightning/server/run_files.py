@@ -22,7 +22,7 @@ def new_run_directory(
     """A fresh run directory with ``config.yaml``, ``environment.json`` and (``partition``) the data's figures.
 
     The figures, written only where the server holds the data (a simulation), are ``partition.png`` (labels and
-    sites per client) and ``sites.png`` (example training images per client).
+    sites per client) and, for images, ``sites.png`` (example training images per client).
     """
     run_dir = RunDirectory(cfg.output_dir, cfg.run_name, suffix=cfg.mode)
     if config_text is not None:
@@ -33,7 +33,8 @@ def new_run_directory(
         counts = {c: data.label_counts(c).numpy() for c in ids}
         unit = "pixels" if data.client_data(ids[0]).train_y.ndim > 1 else "samples"  # masks count pixels
         plot_partition(counts, run_dir.path / "partition.png", domain_counts(data), unit)
-        plot_sites(site_examples(data), run_dir.path / "sites.png", len(ids), data.label_names())
+        if getattr(data, "sample_kind", "image") == "image":  # a table's rows are no pictures
+            plot_sites(site_examples(data), run_dir.path / "sites.png", len(ids), data.label_names())
     return run_dir
 
 
