@@ -384,3 +384,27 @@ def check_composition(callbacks: list[FederatedCallback]) -> None:
                     f"{name_a} and {name_b} both replace the server step ({a!r} and {b!r}); their composition is "
                     "not defined: use one of them"
                 )
+
+
+# Server hooks that combine several clients' replies: a cycle has no such step, so methods built on one do not apply.
+_AGGREGATING_HOOKS = ("on_reply", "on_mean", "on_aggregate")
+
+
+def check_cyclic(callbacks: list[FederatedCallback]) -> None:
+    """Refuse methods that need a server step over several replies, which a cycle does not have.
+
+    Raises:
+        ValueError: Naming the callbacks and the hooks they implement.
+    """
+    bad = {
+        type(cb).__name__: [h for h in _AGGREGATING_HOOKS if getattr(type(cb), h) is not getattr(FederatedCallback, h)]
+        for cb in callbacks
+    }
+    bad = {name: hooks for name, hooks in bad.items() if hooks}
+    if bad:
+        listed = "; ".join(f"{name} ({', '.join(hooks)})" for name, hooks in bad.items())
+        raise ValueError(
+            f"federation.topology=cyclic passes one model from client to client without a server step; these "
+            f"callbacks combine the clients' replies on the server and do not apply: {listed}. Remove them from "
+            "trainer.callbacks or use topology star"
+        )

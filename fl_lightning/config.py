@@ -19,9 +19,16 @@ class FederationConfig:
         clients_per_round: Number of clients sampled each round; overrides ``client_fraction``.
         aggregation: Aggregation weights: ``samples`` (n_i / n, FedAvg) or ``uniform``.
         mode: ``federated`` (the callbacks' method, FedAvg by default), ``local`` (every client
-            trains alone, no communication) or ``centralized`` (all training data pooled in one model).
-        topology: ``star`` (a server aggregates) or ``peer_to_peer`` (no server: each node passes
-            its model to a random successor every round).
+            trains alone, no communication), ``centralized`` (all training data pooled in one model) or ``evaluate``
+            (no training: the model in ``weights`` scored on every client's test set).
+        weights: ``mode: evaluate``: the weights file to score, a round checkpoint (``checkpoints/round-*.ckpt``),
+            a Lightning checkpoint or a state dict saved with ``torch.save``; loaded with ``weights_only=True``.
+        topology: ``star`` (a server aggregates), ``peer_to_peer`` (no server: each node passes
+            its model to a random successor every round) or ``cyclic`` (cyclic weight transfer: one model visits the
+            round's clients one after another, each training what the previous one passed on; no averaging; the
+            round's model is the last client's).
+        cycle_order: The order of a cyclic round: ``random`` (a fresh seeded permutation each round, the default)
+            or ``fixed`` (the clients' order in the data every round; FLamby's ``deterministic_cycle``).
         keep_optimizer_state: Keep each client's optimiser state (e.g. momentum) across rounds
             instead of a fresh optimiser per fit. Always on in ``local`` and ``centralized`` mode.
         eval_every: Evaluate every this many rounds (0 = only after the last round).
@@ -44,6 +51,10 @@ class FederationConfig:
             client mean, on the global model (the personal one where there is no global model).
         patience: Early stopping: end the run when this many evaluation rounds in a row have not improved the
             monitored validation metric (``null``, the default: never). The round chosen by ``select`` stands.
+        cross_site: Score every client's own model (its group's model with its private state; in ``local`` mode its
+            whole model) on every client's test set and on all of them pooled after the last round, written as
+            ``cross_site.csv`` and ``cross_site.png``: ``null`` (default) in ``local`` mode only, ``true`` in any
+            star or cyclic run, ``false`` never. With ``select: best`` it scores the chosen round's models.
         output_dir: Parent directory of run directories.
         run_name: Name of this run's directory (default: a timestamp and the mode).
         progress: The live progress bar over rounds and clients: ``true`` always, ``false`` never, ``null``
@@ -77,14 +88,17 @@ class FederationConfig:
     client_fraction: float = 1.0
     clients_per_round: int | None = None
     aggregation: Literal["samples", "uniform"] = "samples"
-    mode: Literal["federated", "local", "centralized"] = "federated"
-    topology: Literal["star", "peer_to_peer"] = "star"
+    mode: Literal["federated", "local", "centralized", "evaluate"] = "federated"
+    weights: str | None = None
+    topology: Literal["star", "peer_to_peer", "cyclic"] = "star"
+    cycle_order: Literal["random", "fixed"] = "random"
     keep_optimizer_state: bool = False
     eval_every: int = 1
     eval_clients: int | float | None = None
     select: Literal["last", "best"] = "last"
     monitor: str | None = None
     patience: int | None = None
+    cross_site: bool | None = None
     output_dir: str = "runs"
     run_name: str | None = None
     progress: bool | None = None
@@ -118,8 +132,13 @@ class FederationConfig:
         if bad:
             values = ", ".join(f"federation.{k}={getattr(self, k)!r}" for k in bad)
             raise ValueError(f"invalid federation settings: {values}")
-        if self.topology == "peer_to_peer" and self.mode != "federated":
-            raise ValueError(f"federation.topology=peer_to_peer needs federation.mode=federated, got {self.mode!r}")
+        if (self.mode == "evaluate") != (self.weights is not None):
+            raise ValueError(
+                "federation.mode=evaluate and federation.weights go together: give the weights file to evaluate "
+                f"with mode evaluate (got mode={self.mode!r}, weights={self.weights!r})"
+            )
+        if self.topology != "star" and self.mode != "federated":
+            raise ValueError(f"federation.topology={self.topology} needs federation.mode=federated, got {self.mode!r}")
 
 
 def _valid_eval_clients(value: int | float | None) -> bool:

@@ -234,28 +234,38 @@ def _partition_heatmaps(plt: Any, panels: list[tuple[str, dict[str, np.ndarray],
     return fig
 
 
-def plot_node_matrix(matrix: dict[str, dict[str, dict[str, Any]]], path: Path, metric: str = "acc") -> None:
-    """Heat map of each node's model (rows) on each node's test set (columns).
+def plot_node_matrix(
+    matrix: dict[str, dict[str, dict[str, Any]]],
+    path: Path,
+    metric: str = "acc",
+    *,
+    who: str = "node",
+    title: str | None = None,
+) -> None:
+    """Heat map of each node's model (rows) on each node's test set (columns, plus any further ones: ``pooled``).
 
     Args:
-        matrix: ``{holder: {test node: {metric: value}}}`` (values may be None when undefined).
+        matrix: ``{holder: {test set: {metric: value}}}`` (values may be None when undefined).
         path: Output PNG.
         metric: The metric to show.
+        who: What the rows and columns are (``node`` in peer-to-peer runs, ``client`` in cross-site evaluation).
+        title: The figure's title (default: the metric and what is shown).
 
     """
     plt = pyplot()
     nodes = list(matrix)
-    values = np.array([[_num(matrix[h][t].get(metric)) or np.nan for t in nodes] for h in nodes], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.2 * len(nodes) + 2, 1.0 * len(nodes) + 1.5))
+    tests = list(dict.fromkeys(t for row in matrix.values() for t in row))
+    values = np.array([[_num(matrix[h].get(t, {}).get(metric)) or np.nan for t in tests] for h in nodes], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.2 * len(tests) + 2, 1.0 * len(nodes) + 1.5))
     image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis")
     for i in range(len(nodes)):
-        for j in range(len(nodes)):
+        for j in range(len(tests)):
             ax.text(j, i, f"{values[i, j]:.3f}", ha="center", va="center", color="w" if values[i, j] < 0.6 else "k")
-    ax.set_xticks(range(len(nodes)), nodes, rotation=45 if len(nodes) > 5 else 0)
+    ax.set_xticks(range(len(tests)), tests, rotation=45 if len(tests) > 5 else 0)
     ax.set_yticks(range(len(nodes)), nodes)
-    ax.set_xlabel("test set of node")
-    ax.set_ylabel("model held by node")
-    ax.set_title(f"test {metric}: every node's model on every node's data")
+    ax.set_xlabel(f"test set of {who}")
+    ax.set_ylabel(f"model of {who}")
+    ax.set_title(title or f"test {metric}: every {who}'s model on every {who}'s data")
     fig.colorbar(image, ax=ax)
     save_figure(fig, path)
 

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 
 from datamodules.base import FederatedDataModule
-from fl_lightning.callback import FederatedCallback, ModelGroup, check_composition
+from fl_lightning.callback import FederatedCallback, ModelGroup, check_composition, check_cyclic
 from fl_lightning.clients.base import ClientModule
 from fl_lightning.config import FederationConfig
 from fl_lightning.ops import RunningWeightedMean
@@ -69,9 +69,9 @@ class Server:
         cfg = self.config
         if cfg.mode != "federated" and self.callbacks:
             names = [type(cb).__name__ for cb in self.callbacks]
+            what = "trains nothing" if cfg.mode == "evaluate" else "is a reference mode without communication"
             raise ValueError(
-                f"federation.mode={cfg.mode} is a reference mode without communication; "
-                f"remove the federated callbacks {names} from trainer.callbacks"
+                f"federation.mode={cfg.mode} {what}; remove the federated callbacks {names} from trainer.callbacks"
             )
 
     def _check_callbacks(self) -> None:
@@ -83,6 +83,8 @@ class Server:
                 "client (e.g. FedProx twice adds two proximal terms): configure each method once"
             )
         check_composition(self.callbacks)
+        if self.config.topology == "cyclic":
+            check_cyclic(self.callbacks)
 
     @property
     def device(self) -> torch.device:
@@ -96,8 +98,8 @@ class Server:
 
     @property
     def has_global_model(self) -> bool:
-        """Whether a server-side global model exists (not in local-only or peer-to-peer runs)."""
-        return self.config.mode != "local" and self.config.topology == "star"
+        """Whether a global model exists (not in local-only or peer-to-peer runs; a cycle's is the last client's)."""
+        return self.config.mode != "local" and self.config.topology != "peer_to_peer"
 
     # ------------------------------------------------------------------ messages
     def fit_task(self, r: int, group: ModelGroup, client_id: str) -> Task:

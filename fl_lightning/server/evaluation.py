@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fl_lightning.server.cross_site import cross_site_matrix, own_models
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Task
 
@@ -57,14 +58,8 @@ def evaluate_nodes(
         ``clients`` (each node's own model on its own test set as ``personal``), ``summary`` (``personal`` and
         ``cross``, every holder × test node pair) and ``node_matrix[holder][test node]``.
     """
-    take = [Task(protocol.TAKE_PRIVATE, round_idx, c, group.name) for c in ids]
-    held = {t.client_id: reply.state or {} for t, reply in zip(take, transport.stream(take))}
-    matrix: dict[str, dict[str, dict[str, float]]] = {}
-    options = {"global": True, "personal": False, "split": split}
-    for holder in ids:
-        state = {**group.state, **held[holder]}
-        tasks = [Task(protocol.EVALUATE, round_idx, t, group.name, state=state, options=options) for t in ids]
-        matrix[holder] = {t.client_id: reply.metrics["global"] for t, reply in zip(tasks, transport.stream(tasks))}
+    models = own_models(transport, {c: group for c in ids}, ids, round_idx)
+    matrix = cross_site_matrix(transport, models, ids, round_idx, split)
     personal = {c: matrix[c][c] for c in ids}
     pairs = {f"{h}->{t}": m for h, row in matrix.items() for t, m in row.items()}
     out = {

@@ -28,8 +28,11 @@ from fl_lightning.outputs.report import RoundReporter
 from fl_lightning.outputs.round_record import RoundRecord
 from fl_lightning.outputs.run_dir import RunDirectory, json_safe
 from fl_lightning.outputs.tracking import RoundTracker
+from fl_lightning.server import cross_site, evaluate_only
 from fl_lightning.server.core import Server
+from fl_lightning.server.cyclic import train_cycle
 from fl_lightning.server.directory import ClientDirectory
+from fl_lightning.server.evaluation import serving_groups
 from fl_lightning.server.groups import pass_on
 from fl_lightning.server.round_choice import RoundChoice
 from fl_lightning.server.run_files import new_run_directory, resumed_run_directory, write_final_outputs
@@ -80,6 +83,7 @@ class Federation(Server):
         self.last_evaluation: dict[str, Any] = {}
         self.stopped: str | None = None  # why a callback ended the run early (StopFederation), else None
         self.choice: RoundChoice | None = None  # with a validation split: the round chosen on it (select, patience)
+        self.cross_site: dict[str, Any] | None = None  # every client's model on every test set, when the run asks
 
     # ------------------------------------------------------------------ the run
     def setup(self) -> None:
@@ -108,6 +112,8 @@ class Federation(Server):
             The summary that is also written to ``summary.json``.
 
         """
+        if self.config.mode == "evaluate":
+            return self.run_evaluation()
         self.setup()
         cfg = self.config
         run_id = self._open_run_dir()
@@ -139,6 +145,8 @@ class Federation(Server):
                 chosen = self.choice.chosen_round or self.round
                 metrics = records.final_test_metrics(self.last_evaluation, chosen, self.choice.last_round_test)
                 self.tracker.log_final(metrics, self.round)
+            if cross_site.wanted(cfg):
+                self.cross_site = self.run_cross_site()
             status = "success"
         finally:
             self.reporter.stop()
@@ -150,6 +158,52 @@ class Federation(Server):
         self.reporter.finish(summary, str(self.run_dir.path), self.module.primary_metric)
         self.run_dir.close()
         return summary
+
+    def run_evaluation(self) -> dict[str, Any]:
+        """``mode: evaluate``: the model in ``federation.weights`` on every client's test set (and pooled), no training.
+
+        The run directory holds ``config.yaml``, ``summary.json`` (with ``weights``, the file scored) and the final
+        table, as a training run's does.
+        """
+        cfg = self.config
+        self.setup()
+        self.groups[0].state = evaluate_only.weights_state(Path(cfg.weights), self.groups[0].state)
+        self.run_dir = new_run_directory(
+            cfg, self.config_text, self.seed, self.data, cfg.plots and self.transport.simulation
+        )
+        self.tracker.start(self.run_dir.path, self.config_dict, run_id=None, done_rounds=0)
+        self.transport.start(self.run_dir.path)
+        status = "failed"
+        try:
+            self.last_evaluation = self.evaluate(split="test")
+            status = "success"
+        finally:
+            self.tracker.finish(status)
+            if status != "success":
+                self.run_dir.close()
+        summary = {**self.summary(), "weights": cfg.weights}
+        write_final_outputs(self.run_dir, summary, False, self.module.primary_metric)
+        self.reporter.finish(summary, str(self.run_dir.path), self.module.primary_metric)
+        self.run_dir.close()
+        return summary
+
+    def run_cross_site(self) -> dict[str, Any]:
+        """Every client's own model on every client's test set and pooled (:mod:`.cross_site`).
+
+        Written as ``cross_site.csv`` and ``cross_site.png``; the models the run reports (the chosen round's, with
+        ``select: best``).
+        """
+        chosen = self.choice.chosen_round if self.choice is not None else None
+        best = self.choice.best_groups if self.choice is not None else None
+        groups, round_ = cross_site.reported_groups(self.groups, self.round, chosen, best)
+        ids = list(self.data.client_ids)
+        models = cross_site.own_models(self.transport, serving_groups(groups, ids), ids, self.round)
+        pooled = self.transport.simulation and hasattr(self.module, "evaluation_parts")
+        matrix = cross_site.cross_site_matrix(
+            self.transport, models, ids, self.round, "test", self.module if pooled else None
+        )
+        cross_site.write_cross_site(matrix, self.run_dir.path, self.module.primary_metric, round_)
+        return matrix
 
     def _open_run_dir(self) -> str | None:
         """Create the run directory, or reopen the resumed one; returns the logger run id to continue."""
@@ -197,6 +251,9 @@ class Federation(Server):
         """
         if not members:
             return  # with client sampling, a group may have no member this round
+        if self.config.topology == "cyclic":
+            train_cycle(self, r, group, members, record, self.reporter.client_done)
+            return
         # n_{i,m}: the client's samples in this group (all its samples unless the group holds subsets)
         weights = aggregation_weights([self.num_samples(c, group) for c in members], self.config.aggregation)
         mean = RunningWeightedMean()
