@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from fl_lightning.tools.compare.figure import plot_curves
+from fl_lightning.tools.compare.flamby import FLAMBY_CSV, write_flamby
 from fl_lightning.tools.compare.runs import CompareRefused, load_run
 from fl_lightning.tools.compare.table import compare, markdown, print_line, print_table
 
@@ -59,9 +60,20 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         metavar="KEY",
         help="a flattened config key (or fnmatch pattern) that may differ between runs, e.g. model.init_args.norm",
     )
+    parser.add_argument(
+        "--format",
+        choices=("table", "flamby"),
+        default="table",
+        help="table (default): the comparison table and files; flamby: FLamby's result CSV schema "
+        f"({FLAMBY_CSV}: Method, Test, Metric, seed), one row per run, test set and seed",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         runs = [load_run(path) for path in args.run_dirs]
+        if args.format == "flamby":
+            metric = args.metric or "acc"
+            print(f"wrote {write_flamby(runs, metric, args.out)}")
+            return 0
         comparison = compare(runs, args.metric, args.allow)
     except CompareRefused as err:
         print(f"{COMMAND}: refused: {err}", file=sys.stderr)
