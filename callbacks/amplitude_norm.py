@@ -10,6 +10,7 @@ from torch import nn
 from typing_extensions import override
 
 from callbacks.base import FederatedCallback
+from callbacks.preconditions import refuse_tables
 from fl_lightning.errors import PreconditionError
 from fl_lightning.models.amplitude_norm import AmplitudeNorm
 
@@ -35,8 +36,8 @@ class AmplitudeNormalization(FederatedCallback):
     the reply's state (the client's round-1 amplitude, averaged over its own images: no phase, no image) and
     the shared one in the tasks' state; nothing else is added.
 
-    Preconditions: a client module with an ``input_norm`` identity to replace, and a server
-    (``federation.topology=star``) to do the exchange.
+    Preconditions: image data (a table's rows have no spectrum: refused), a client module with an ``input_norm``
+    identity to replace, and a server (``federation.topology=star``) to do the exchange.
 
     Args:
         v: Update rate of the running amplitude, A ← (1 − v)·A + v·Ā_batch, in (0, 1].
@@ -65,6 +66,7 @@ class AmplitudeNormalization(FederatedCallback):
 
     @override
     def prepare_module(self, module: L.LightningModule, data: Any) -> None:
+        refuse_tables(data, "callbacks.AmplitudeNormalization")  # an image's Fourier amplitude; a row has none
         current = getattr(module, LAYER, None)
         if not isinstance(current, nn.Identity):
             raise PreconditionError(

@@ -1,6 +1,8 @@
-"""Loud checks of what a method assumes about the client's optimiser, Trainer and network."""
+"""Loud checks of what a method assumes about the client's optimiser, Trainer, network and data."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import lightning as L
 import torch
@@ -56,3 +58,26 @@ def plain_sgd(module: L.LightningModule, trainer: L.Trainer, method: str, allow_
 def trainable_names(module: L.LightningModule) -> list[str]:
     """State-dict names of the trainable parameters, in ``named_parameters`` order."""
     return [name for name, p in module.named_parameters() if p.requires_grad]
+
+
+def refuse_tables(data: Any, method: str) -> None:
+    """Refuse data that are not images for a method that works on images, naming the data and the fix.
+
+    Reads the datamodule's public ``sample_kind``. What has none is taken for images: a deployment's server holds a
+    :class:`~fl_lightning.server.directory.ClientDirectory` (ids and sizes, no data), and the clients' runtimes,
+    which hold the data, check them there.
+
+    Args:
+        data: The datamodule (or the server's client directory) the method is prepared with.
+        method: The method's config name, e.g. ``callbacks.AmplitudeNormalization``.
+
+    Raises:
+        PreconditionError: If ``data.sample_kind`` is not ``"image"`` (e.g. a clinical table's ``"table"``).
+    """
+    kind = getattr(data, "sample_kind", "image")
+    if kind != "image":
+        what = "a table" if kind == "table" else "not images"
+        raise PreconditionError(
+            f"{method} works on images: the data ({type(data).__module__}.{type(data).__qualname__}) are {what} "
+            f"(sample_kind={kind!r}); use it with image data or remove it from trainer.callbacks"
+        )

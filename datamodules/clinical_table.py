@@ -216,6 +216,12 @@ class ClinicalTableFederated(FederatedDataModule):
             if dropped:
                 log.info("%s: %d of %d rows left out for a missing value", path, dropped, len(rows))
             site = None if o["site_column"] else self._file_site(path)
+            if site is not None and not kept and (o["sites"] is None or site in map(str, o["sites"])):
+                # Else the site would vanish from the clients without a word.
+                raise ValueError(
+                    f"{path}: site {site!r} has no row left once rows with missing values are dropped ({dropped} "
+                    "dropped); it needs at least 2 (one to train, one to test)"
+                )
             out += [(site if site is not None else r.cells[o["site_column"]], r) for r in kept]
         if not out:
             raise ValueError(f"{self.root}: no row is left once rows with missing values are dropped")
@@ -289,7 +295,9 @@ class ClinicalTableFederated(FederatedDataModule):
         rows_by_site = self._read()
         all_rows = [r for _, r in rows_by_site]
         features, _ = self._used_columns(list(all_rows[0].cells))
-        x_all, self.feature_names = encode_features(all_rows, features, list(o["categorical_columns"]), o["drop_first"])
+        # Only the categorical columns among the features: a dropped one is no feature and its missing cells were kept.
+        categorical = [c for c in o["categorical_columns"] if c in features]
+        x_all, self.feature_names = encode_features(all_rows, features, categorical, o["drop_first"])
         x_all_t = torch.from_numpy(x_all).to(torch.float32)  # float32 before any statistic, as FLamby's tensors
         y_all = self._labels(all_rows)
         site_of = np.array([s for s, _ in rows_by_site], dtype=object)
@@ -299,8 +307,9 @@ class ClinicalTableFederated(FederatedDataModule):
             x, y = x_all_t[index], y_all[index]
             strata = (y[:, 1] if self.label_kind == "survival" else y).long().numpy()
             if len(index) < 2:
+                where = "; ".join(all_rows[i].where for i in index.tolist())
                 raise ValueError(
-                    f"site {site!r} has {len(index)} row(s) once missing values are dropped ({self.root}); it needs "
+                    f"site {site!r} has {len(index)} row(s) once missing values are dropped ({where}); it needs "
                     "at least 2 (one to train, one to test)"
                 )
             train, test = (torch.from_numpy(p) for p in self._test_split(site, strata))

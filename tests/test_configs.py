@@ -53,7 +53,7 @@ def config_chain(config: Path) -> str:
 
 def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
     """``train.py`` arguments of ``config`` on tiny data, writing ``out/run_name``."""
-    from tests.test_recipes import camelyon_table, prostate_root
+    from tests.test_recipes import camelyon_table, prostate_root, uci_heart_root
 
     text = config_chain(config)
     data = TINY_DATA
@@ -63,6 +63,10 @@ def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
         root = out / "prostate" if (out / "prostate").exists() else prostate_root(out / "prostate")
         data = [f"--data.root={root}", "--data.image_size=8", "--data.test_fraction=0.5", "--model.init_args.width=4",
                 "--model.init_args.depth=1"]  # fmt: skip
+    elif "ClinicalTableFederated" in text:
+        root = out / "heart" if (out / "heart").exists() else uci_heart_root(out / "heart")
+        # FLamby's 50 single-centre epochs shortened; 100 local steps of the strategies kept
+        data = [f"--data.init_args.root={root}", "--federation.local_epochs=2"]
     elif "SiteTableFederated" in text:
         table = out / "camelyon" / "metadata.csv"
         if not table.exists():
@@ -94,7 +98,8 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
     resolved = yaml.safe_load((run / "config.yaml").read_text())
-    assert resolved["federation"]["rounds"] == 2 and resolved["data"]["init_args"]["image_size"] == 8
+    tiny = ("root", str(tmp_path / "heart")) if "ClinicalTableFederated" in config_chain(config) else ("image_size", 8)
+    assert resolved["federation"]["rounds"] == 2 and resolved["data"]["init_args"][tiny[0]] == tiny[1]
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert len(rows) == 2 * len(summary["clients"]) and {r["client"] for r in rows} == set(summary["clients"])
     stats = next(iter(summary["summary"].values()))["acc"]

@@ -48,6 +48,21 @@ def test_the_prostate_recipes_run_one_round_on_files_laid_out_as_documented(conf
 CAMELYON_CENTERS = [0, 1, 2, 3, 4]
 
 
+def uci_heart_root(root: Path, per_centre: int = 24) -> Path:
+    """The four UCI heart-disease ``processed.*.data`` files (no header, 14 columns, ``?`` cells), random rows."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for c, name in enumerate(("cleveland", "hungarian", "switzerland", "va")):
+        lines = []
+        for i in range(per_centre):
+            row = [rng.integers(30, 75), rng.integers(0, 2), rng.integers(1, 5), rng.integers(100, 180),
+                   rng.integers(150, 350), rng.integers(0, 2), rng.integers(0, 3), rng.integers(90, 200),
+                   rng.integers(0, 2), round(float(rng.uniform(0, 4)), 1), "?", "?", "?", (i + c) % 3]  # fmt: skip
+            lines.append(",".join(f"{v}.0" if isinstance(v, np.integer) else str(v) for v in row))
+        (root / f"processed.{name}.data").write_text("\n".join(lines) + "\n")
+    return root
+
+
 def camelyon_table(root: Path, per_center: int = 6) -> Path:
     """A Camelyon17-WILDS-shaped ``metadata.csv`` with its patch PNGs under ``patches/`` (16 px, tumour or not)."""
     from PIL import Image

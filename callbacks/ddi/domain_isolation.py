@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+import lightning as L
 import torch
 from sklearn.metrics import adjusted_rand_score, rand_score
 from torch import Tensor, nn
@@ -20,6 +21,7 @@ from callbacks.ddi.cluster_selector import (
     selector_splits,
     train_selector,
 )
+from callbacks.preconditions import refuse_tables
 from fl_lightning.errors import PreconditionError
 from fl_lightning.ops.domain_isolation import (
     ClientFeatures,
@@ -119,6 +121,12 @@ class DomainIsolation(FederatedCallback):
         self.selector: nn.Module | None = None
         self._selector_state: dict[str, Tensor] | None = None
         self._eval_token = 0
+
+    # ------------------------------------------------------------------ both sides
+    @override
+    def prepare_module(self, module: L.LightningModule, data: Any) -> None:
+        # The cluster selector is a small CNN on (image, cluster id).
+        refuse_tables(data, "callbacks.DomainIsolation")
 
     # ------------------------------------------------------------------ server half
     @override

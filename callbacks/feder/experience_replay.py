@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import lightning as L
 from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -25,6 +26,7 @@ from callbacks.feder.generator_store import (
 from callbacks.feder.perceptual import PerceptualDistance
 from callbacks.feder.private_gan import DiscriminatorFactory, GeneratorFactory, PrivateGANConfig, train_node_gan
 from callbacks.feder.replay import BufferBatches, ReplayBuffer, ReplayLoader, batch_sizes
+from callbacks.preconditions import refuse_tables
 from datamodules.sampler import stable_seed
 from fl_lightning.errors import PreconditionError
 
@@ -105,6 +107,12 @@ class ExperienceReplay(FederatedCallback):
         self.generators_from = generators_from
         self.buffers: dict[str, ReplayBuffer] = {}  # client half: hosted node -> its own buffer
         self._distance: PerceptualDistance | None = None  # one LPIPS module for all nodes' GAN phases
+
+    # ------------------------------------------------------------------ both sides
+    @override
+    def prepare_module(self, module: L.LightningModule, data: Any) -> None:
+        # The GAN phase generates images (a convolutional generator and discriminator, an LPIPS distance).
+        refuse_tables(data, "callbacks.ExperienceReplay (FedER)")
 
     # ------------------------------------------------------------------ server half: the relay
     @override

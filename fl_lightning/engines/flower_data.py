@@ -14,8 +14,8 @@ class DescribedClients(FederatedDataModule):
     """A datamodule made only of the sites' descriptions: client ids, sample counts and the images' shape.
 
     The ServerApp instantiates it in place of the run's ``data:`` section, so the model gets its shape
-    (``num_classes``, ``in_channels``, ``image_size`` are linked into it) and the Federation its client ids and
-    aggregation weights without the server ever opening a site's data. Anything that needs samples (the
+    (``num_classes``, ``in_channels``, ``image_size``, ``num_features`` are linked into it) and the Federation its
+    client ids and aggregation weights without the server ever opening a site's data. Anything that needs samples (the
     partition plot, a pooled loader) raises.
 
     Args:
@@ -59,6 +59,13 @@ class DescribedClients(FederatedDataModule):
     def image_size(self) -> tuple[int, int]:
         h, w = self.description["image_size"]
         return int(h), int(w)
+
+    @property
+    @override
+    def num_features(self) -> int:
+        """Inputs per sample, C·H·W of the described shape (a table is described as 1 × 1 × F)."""
+        h, w = self.image_size
+        return self.in_channels * h * w
 
     @override
     def num_train_samples(self, client_id: str) -> int:

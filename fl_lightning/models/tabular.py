@@ -74,6 +74,10 @@ class TabularMLP(nn.Module):
         super().__init__()
         if depth < 1:
             raise ValueError(f"model.init_args.depth must be >= 1, got {depth}")
+        if width < 1:
+            raise ValueError(f"model.init_args.width must be >= 1, got {width}")
+        if not 0.0 <= dropout < 1.0:  # torch's own message would not name the key; 1 would drop every unit
+            raise ValueError(f"model.init_args.dropout must be in [0, 1), got {dropout}")
         if norm not in ("batch", "none"):
             raise ValueError(f"model.init_args.norm for a table must be 'batch' or 'none', got {norm!r}")
         layers: list[nn.Module] = [nn.Flatten()]
@@ -101,10 +105,10 @@ def build_table_classifier(
     """A network for rows of ``num_features`` columns, by name (``logistic`` or ``mlp``).
 
     Raises:
-        ValueError: On an unknown architecture, or fewer than 2 classes.
+        ValueError: On an unknown architecture, fewer than 2 classes, or a bad MLP setting, naming the key.
     """
     if num_classes < 2:
-        raise ValueError(f"a classifier needs at least 2 classes, the data have {num_classes}")
+        raise ValueError(f"model.init_args.num_classes must be >= 2 (linked from the data), got {num_classes}")
     if arch == "logistic":
         return LogisticRegression(num_features, num_classes)
     if arch == "mlp":

@@ -47,7 +47,7 @@ ALLOWED_TO_CHANGE: dict[str, str] = {
 # compared key by key), and the model's data-shape arguments are linked from ``data`` (compared there) and are
 # left out of the saved YAML.
 DERIVED_KEYS: frozenset[str] = frozenset(
-    {"config", "model.init_args.num_classes", "model.init_args.in_channels", "model.init_args.image_size"}
+    {"config"} | {f"model.init_args.{k}" for k in ("num_classes", "in_channels", "image_size", "num_features")}
 )
 
 # LRSchedule kinds whose factor of round r depends on the total number of rounds R.
