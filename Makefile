@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev,flower,docs,medical,sweep]"
+	$(BIN)/pip install -q -e ".[dev,flower,docs,medical,sweep,clinical]"
 	touch $@
 
 run: $(BIN)/.installed  ## install, then train FedAvg on the embedded digits
