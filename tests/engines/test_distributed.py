@@ -60,6 +60,25 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
                "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
 
 
+# Cyclic weight transfer (one model, passed from rank to rank), a local run's cross-site matrix (every model to every
+# rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
+TOPOLOGY_RUNS = {
+    "cyclic": ["--federation.topology=cyclic"],
+    "local_cross": ["--federation.mode=local"],
+}
+TOPOLOGY_BASE = ["--config", str(REPO / "configs/fedavg_digits.yaml"), *PRIVACY_SMALL]
+
+
+def topology_args(out: Path, name: str, *extra: str) -> list[str]:
+    return [*TOPOLOGY_BASE, *TOPOLOGY_RUNS[name], f"--federation.output_dir={out}", f"--federation.run_name={name}",
+            *extra]  # fmt: skip
+
+
+def evaluate_args(out: Path, weights: Path) -> list[str]:
+    return [*TOPOLOGY_BASE, "--federation.mode=evaluate", f"--federation.weights={weights}",
+            f"--federation.output_dir={out}", "--federation.run_name=evaluate"]  # fmt: skip
+
+
 def dp_args(out: Path, name: str, run_name: str, *extra: str) -> list[str]:
     return [*PRIVACY_RUNS[name], f"--federation.output_dir={out}", f"--federation.run_name={run_name}", *extra]
 
@@ -94,7 +113,14 @@ def runs(tmp_path_factory):
         main(dp_args(one, name, name))
     main(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.rounds=1"))
     main(resume_args(one, "select", *SELECT_ARGS))
+    for name in TOPOLOGY_RUNS:
+        main(topology_args(one, name))
+    weights = root / "cyclic-round-2.ckpt"
+    weights.write_bytes(checkpoint_path(one / "cyclic", 2).read_bytes())
+    main(evaluate_args(one, weights))
     jobs = [run_args(name, two, QUIET) for name in RUNS]
+    jobs += [topology_args(two, name) for name in TOPOLOGY_RUNS]
+    jobs.append(evaluate_args(two, weights))
     jobs.append(resume_args(two, "select", *SELECT_ARGS))
     jobs += [dp_args(two, name, name) for name in PRIVACY_RUNS]
     jobs.append(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.resume=last"))
@@ -114,6 +140,23 @@ def test_two_ranks_give_the_one_process_final_state_bit_for_bit(runs, name):
     one, two = describe(runs / "one" / name), describe(runs / "two" / name)
     assert two["sha256"] == one["sha256"]
     assert two["summary"] == one["summary"]
+
+
+@pytest.mark.parametrize("name", list(TOPOLOGY_RUNS))
+def test_cyclic_and_cross_site_on_two_ranks_equal_one_process(runs, name):
+    one, two = describe(runs / "one" / name), describe(runs / "two" / name)
+    assert two["sha256"] == one["sha256"] and two["summary"] == one["summary"]
+    if name == "local_cross":
+        assert (runs / "two" / name / "cross_site.csv").read_text() == (
+            runs / "one" / name / "cross_site.csv"
+        ).read_text()
+
+
+def test_evaluate_mode_on_two_ranks_scores_as_one_process(runs):
+    read = lambda side: json.loads((runs / side / "evaluate" / "summary.json").read_text())  # noqa: E731
+    one, two = read("one"), read("two")
+    assert one["clients"] == two["clients"] and one["pooled"] == two["pooled"]
+    assert one["rounds"] == 0 and one["weights"].endswith("cyclic-round-2.ckpt")
 
 
 def test_train_py_with_two_workers_gives_the_one_process_final_state_bit_for_bit(runs):
