@@ -139,6 +139,21 @@ def test_fedavg_over_a_loopback_deployment_equals_inprocess(deployment: Deployme
     assert "DescribedClients" not in (run_dir / "config.yaml").read_text()
 
 
+@pytest.mark.slow  # the evaluation's logic is covered by test_cross_site.py and on ranks by test_distributed.py
+def test_mode_evaluate_over_a_deployment_scores_the_weights_as_in_process(deployment: Deployment, tmp_path: Path):
+    """``federation.mode: evaluate`` on Flower sites: each site scores the given checkpoint on its own test set, with
+    the per-client metrics of the in-process evaluation (no pooled metrics: the predictions stay on the sites)."""
+    config = "configs/fedavg_digits.yaml"
+    trained = inprocess(tmp_path / "train", config, TINY)
+    weights = find_last_checkpoint(trained)[0]
+    extra = [*TINY, "--federation.mode=evaluate", f"--federation.weights={weights}"]
+    site = json.loads((deploy(deployment, config, extra) / "summary.json").read_text())
+    local = json.loads((inprocess(tmp_path, config, extra) / "summary.json").read_text())
+    assert site["weights"] == local["weights"] == str(weights)
+    assert site["clients"] == local["clients"] and site["summary"] == local["summary"]
+    assert "pooled" not in site and "pooled" in local
+
+
 def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path):
     """FedBN with select: best: the sites count their validation sets, keep their norm layers of the best round on
     their own disk, and the test sets are read once at the end; the summary equals the in-process one."""
