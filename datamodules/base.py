@@ -249,7 +249,8 @@ class FederatedDataModule(L.LightningDataModule):
         if len(set(ids)) != len(ids) or POOLED_KEY in ids:
             raise ValueError(f"{self._source}: client ids must be unique and not {POOLED_KEY!r}, got {ids}")
         shape = tuple(splits[0].train_x.shape[1:])
-        rank, what = (2, "features") if self.sample_kind == "table" else (4, "images")
+        rank, what, unit, cells = (2, "features", "row", "values") if self.sample_kind == "table" else (
+            4, "images", "image", "pixels")  # fmt: skip
         for s in splits:
             if len(s.train_y) == 0:
                 raise ValueError(f"client {s.client_id!r} has no training samples ({self._source})")
@@ -265,13 +266,13 @@ class FederatedDataModule(L.LightningDataModule):
                     )
                 self._check_labels_shape(s.client_id, name, x, y, shape)
                 if dom is not None and tuple(dom.shape) != (len(x),):
-                    raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per sample ({len(x)},)")
+                    raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per {unit} ({len(x)},)")
                 if not bool(torch.isfinite(x).all()):
                     # Checked first: NaN compares false with everything, so the range check below lets it through.
                     bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
                     raise ValueError(
-                        f"client {s.client_id!r} {name} {what} hold NaN or infinite values ({bad} of {len(x)} "
-                        f"samples) ({self._source})"
+                        f"client {s.client_id!r} {name} {what} hold NaN or infinite {cells} ({bad} of {len(x)} "
+                        f"{unit}s) ({self._source})"
                     )
                 if self.sample_kind == "image" and x.numel() and (x.min() < 0 or x.max() > 1):
                     raise ValueError(f"client {s.client_id!r} {name} images are outside [0, 1] ({self._source})")
