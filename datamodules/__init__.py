@@ -21,9 +21,11 @@ from datamodules.seg_folder import SegFolderFederated
 from datamodules.shifts import SiteStyle, apply_style, default_site_styles
 from datamodules.site_table import SiteTableFederated
 from datamodules.split import split_train_test
+from datamodules.survival_synthetic import SyntheticSurvivalFederated
 from datamodules.synthetic import SyntheticFederated
 
 __all__ = [
+    "SyntheticSurvivalFederated",
     "ClinicalTableFederated",
     "PARTITION_SCHEMES",
     "ClientSplit",

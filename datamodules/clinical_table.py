@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 
 from datamodules.base import ClientSplit, FederatedDataModule
 from datamodules.sampler import stable_seed
@@ -269,6 +268,8 @@ class ClinicalTableFederated(FederatedDataModule):
         state = self.opts["split_random_state"]
         if state is None:
             return split_train_test(np.arange(n), strata, fraction, stable_seed(self.seed, "test", site))
+        from sklearn.model_selection import train_test_split  # only here: reading other data never imports it
+
         levels, counts = np.unique(strata, return_counts=True)
         stratify = strata if len(levels) > 1 and bool((counts > 2).all()) else None  # FLamby's rule
         train_size = round(1.0 - fraction, 12)

@@ -10,6 +10,7 @@ import yaml
 
 from fl_lightning.cli import main
 from fl_lightning.server.federation import Federation
+from fl_lightning.tools.compare.table import model_primary_metric
 from tests.anchors.runs import describe
 from tests.fl_lightning import hook_counter
 
@@ -67,6 +68,8 @@ def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
         root = out / "heart" if (out / "heart").exists() else uci_heart_root(out / "heart")
         # FLamby's 50 single-centre epochs shortened; 100 local steps of the strategies kept
         data = [f"--data.init_args.root={root}", "--federation.local_epochs=2"]
+    elif "SyntheticSurvivalFederated" in text:
+        data = ["--data.init_args.samples_per_client=40"]
     elif "SiteTableFederated" in text:
         table = out / "camelyon" / "metadata.csv"
         if not table.exists():
@@ -98,11 +101,16 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
     resolved = yaml.safe_load((run / "config.yaml").read_text())
-    tiny = ("root", str(tmp_path / "heart")) if "ClinicalTableFederated" in config_chain(config) else ("image_size", 8)
+    text = config_chain(config)
+    tiny = (
+        ("root", str(tmp_path / "heart")) if "ClinicalTableFederated" in text
+        else ("samples_per_client", 40) if "SyntheticSurvivalFederated" in text
+        else ("image_size", 8)
+    )  # fmt: skip
     assert resolved["federation"]["rounds"] == 2 and resolved["data"]["init_args"][tiny[0]] == tiny[1]
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert len(rows) == 2 * len(summary["clients"]) and {r["client"] for r in rows} == set(summary["clients"])
-    stats = next(iter(summary["summary"].values()))["acc"]
+    stats = next(iter(summary["summary"].values()))[model_primary_metric(resolved) or "acc"]
     assert 0.0 <= stats["worst"] <= stats["mean"] <= 1.0 and stats["std"] >= 0
     # the serialized transport: only messages crossed, and nothing changed
     other = tmp_path / "serialized"

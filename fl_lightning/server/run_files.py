@@ -31,7 +31,8 @@ def new_run_directory(
     if partition:
         ids = list(data.client_ids)
         counts = {c: data.label_counts(c).numpy() for c in ids}
-        unit = "pixels" if data.client_data(ids[0]).train_y.ndim > 1 else "samples"  # masks count pixels
+        masks = getattr(data, "label_kind", "class") == "class" and data.client_data(ids[0]).train_y.ndim > 1
+        unit = "pixels" if masks else "samples"  # masks count pixels; survival labels are (time, event) pairs
         plot_partition(counts, run_dir.path / "partition.png", domain_counts(data), unit)
         if getattr(data, "sample_kind", "image") == "image":  # a table's rows are no pictures
             plot_sites(site_examples(data), run_dir.path / "sites.png", len(ids), data.label_names())

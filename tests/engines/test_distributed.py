@@ -196,7 +196,9 @@ def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):
     header = (run / "rounds.csv").read_text().splitlines()[0].split(",")
     assert {"throughput/rank0/samples_per_s", "throughput/rank1/samples_per_s"} <= set(header)
     # none per rank
-    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted([*RUNS, *PRIVACY_RUNS, "select"])
+    assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted(
+        [*RUNS, *PRIVACY_RUNS, *TOPOLOGY_RUNS, "select", "evaluate"]
+    )
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2
 
 

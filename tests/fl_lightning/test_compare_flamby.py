@@ -8,8 +8,10 @@ from fl_lightning.cli import main as train
 from fl_lightning.server.cross_site import read_cross_site
 from fl_lightning.tools.compare.cli import main as compare
 
-FAST = ["--data.init_args.max_samples_per_client=40", "--data.init_args.image_size=8", "--data.init_args.num_clients=3",
-        "--model.init_args.width=4", "--trainer.logger=false", "--federation.quiet=true", "--federation.plots=false"]  # fmt: skip
+FAST = [
+    "--data.init_args.max_samples_per_client=40", "--data.init_args.image_size=8", "--data.init_args.num_clients=3",
+    "--model.init_args.width=4", "--trainer.logger=false", "--federation.quiet=true", "--federation.plots=false",
+]  # fmt: skip
 
 
 def _run(tmp_path, name, *extra):
