@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 CROSS_SITE_CSV = "cross_site.csv"
 CROSS_SITE_PNG = "cross_site.png"
+POOLED_COLUMN = "pooled"  # the test column of a model on all test sets together
 
 
 def own_models(transport: Transport, groups: dict[str, ModelGroup], ids: list[str], round_idx: int) -> dict[str, Any]:
@@ -57,9 +58,6 @@ def cross_site_matrix(
         if module is not None and parts:
             matrix[holder][POOLED_COLUMN] = module.metrics_from_parts(module.merge_parts(parts))
     return matrix
-
-
-POOLED_COLUMN = "pooled"  # the test column of a model on all test sets together
 
 
 def write_cross_site(matrix: dict[str, dict[str, dict[str, float]]], run_path: Path, metric: str, round_: int) -> None:
