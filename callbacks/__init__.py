@@ -13,6 +13,8 @@ from callbacks.feder.experience_replay import ExperienceReplay
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx
+from callbacks.head_body.fedper import FedPer
+from callbacks.head_body.lg_fedavg import LGFedAvg
 from callbacks.local_fine_tuning import LocalFineTuning
 from callbacks.lr_schedule import LRSchedule
 from callbacks.moon import Moon
@@ -33,8 +35,10 @@ __all__ = [
     "FedDyn",
     "FedNova",
     "FedOpt",
+    "FedPer",
     "FedProx",
     "FederatedCallback",
+    "LGFedAvg",
     "LRSchedule",
     "LocalFineTuning",
     "Moon",

@@ -60,11 +60,13 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
                "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
 
 
-# Cyclic weight transfer (one model, passed from rank to rank), a local run's cross-site matrix (every model to every
+# Cyclic weight transfer (one model passed from rank to rank), FedPer's private heads, a local run's cross-site
+# matrix (every model to every
 # rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
 TOPOLOGY_RUNS = {
     "cyclic": ["--federation.topology=cyclic"],
     "local_cross": ["--federation.mode=local"],
+    "fedper": ["--trainer.callbacks+=callbacks.FedPer"],  # the heads stay on their ranks, never sent
 }
 TOPOLOGY_BASE = ["--config", str(REPO / "configs/fedavg_digits.yaml"), *PRIVACY_SMALL]
 
@@ -143,7 +145,7 @@ def test_two_ranks_give_the_one_process_final_state_bit_for_bit(runs, name):
 
 
 @pytest.mark.parametrize("name", list(TOPOLOGY_RUNS))
-def test_cyclic_and_cross_site_on_two_ranks_equal_one_process(runs, name):
+def test_cyclic_fedper_and_cross_site_on_two_ranks_equal_one_process(runs, name):
     one, two = describe(runs / "one" / name), describe(runs / "two" / name)
     assert two["sha256"] == one["sha256"] and two["summary"] == one["summary"]
     if name == "local_cross":
