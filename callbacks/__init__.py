@@ -14,6 +14,7 @@ from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx
 from callbacks.head_body.fedper import FedPer
+from callbacks.head_body.fedrep import FedRep
 from callbacks.head_body.lg_fedavg import LGFedAvg
 from callbacks.local_fine_tuning import LocalFineTuning
 from callbacks.lr_schedule import LRSchedule
@@ -36,6 +37,7 @@ __all__ = [
     "FedNova",
     "FedOpt",
     "FedPer",
+    "FedRep",
     "FedProx",
     "FederatedCallback",
     "LGFedAvg",

@@ -115,3 +115,52 @@ def test_lg_fedavg_shares_only_the_head(tmp_path):
     for c in ids:
         kept = fed.transport.runtime.private[c]["global"]
         assert kept and not any(k.startswith(HEAD) for k in kept)
+
+
+def _fedrep_reference(data, cid, rounds, head_epochs, body_epochs):
+    """FedRep's fit written out: per round a fresh SGD; head epochs with the body's gradients dropped, then body
+    epochs with the head's dropped (a frozen part takes no step)."""
+    net = tiny_model(data).net
+    opt_params = list(net.named_parameters())
+    loader = data.client_train_loader(cid)
+    for _ in range(rounds):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for epoch in range(head_epochs + body_epochs):
+            train_head = epoch < head_epochs
+            for x, y in loader:
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+                for name, p in opt_params:
+                    if name.startswith("classifier.") != train_head:
+                        p.grad = None
+                opt.step()
+    return {f"net.{k}": v for k, v in net.state_dict().items()}
+
+
+@pytest.mark.parametrize("head_epochs", [1, 2])
+def test_fedrep_with_one_client_trains_the_head_then_the_body(tmp_path, head_epochs):
+    from callbacks import FedRep
+
+    data = tiny_data(num_clients=1)
+    fed = build_federation(tmp_path, data=data, callbacks=[FedRep(head_epochs=head_epochs)], rounds=2)
+    fed.run()
+    ref = _fedrep_reference(tiny_data(num_clients=1), "site0", 2, head_epochs, 1)
+    personal = {**fed.groups[0].state, **fed.transport.runtime.private["site0"]["global"]}
+    for k, v in ref.items():
+        torch.testing.assert_close(personal[k], v, rtol=0, atol=1e-6, msg=k)
+    module = fed.module
+    assert all(p.requires_grad for p in module.parameters())  # every flag restored after the fit
+
+
+def test_fedrep_without_head_epochs_never_trains_the_head_and_refuses_local_steps(tmp_path):
+    from callbacks import FedRep
+
+    init = tiny_model(tiny_data()).state_dict()
+    rep = build_federation(tmp_path / "rep", callbacks=[FedRep(head_epochs=0)], rounds=2)
+    rep.run()
+    for cid, held in rep.transport.runtime.private.items():
+        for k, v in held["global"].items():
+            assert torch.equal(v, init[k]), (cid, k)
+    assert any(not torch.equal(rep.groups[0].state[k], init[k]) for k in init if not k.startswith(HEAD))
+    with pytest.raises(ValueError, match="FedRep trains its head and its body in epochs"):
+        build_federation(tmp_path / "steps", callbacks=[FedRep()], rounds=1, local_steps=2).run()
