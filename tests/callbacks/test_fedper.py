@@ -164,3 +164,33 @@ def test_fedrep_without_head_epochs_never_trains_the_head_and_refuses_local_step
     assert any(not torch.equal(rep.groups[0].state[k], init[k]) for k in init if not k.startswith(HEAD))
     with pytest.raises(ValueError, match="FedRep trains its head and its body in epochs"):
         build_federation(tmp_path / "steps", callbacks=[FedRep()], rounds=1, local_steps=2).run()
+
+
+def test_fedbabu_keeps_the_initial_head_and_trains_the_body_alone(tmp_path):
+    from callbacks import FedBABU
+
+    data = tiny_data(num_clients=1)
+    fed = build_federation(tmp_path, data=data, callbacks=[FedBABU()], rounds=2)
+    init = tiny_model(data).state_dict()
+    fed.run()
+    # the reference: FedRep's loop with no head epoch trains only the body
+    ref = _fedrep_reference(tiny_data(num_clients=1), "site0", 2, head_epochs=0, body_epochs=1)
+    state = fed.groups[0].state
+    for k, v in ref.items():
+        torch.testing.assert_close(state[k], v, rtol=0, atol=1e-6, msg=k)
+    for k in init:
+        if k.startswith(HEAD):
+            assert torch.equal(state[k], init[k]), k  # bit for bit: never trained, never averaged
+    assert all(p.requires_grad for p in fed.module.parameters())
+
+
+def test_fedbabu_with_fine_tuning_personalises_the_head_at_the_end(tmp_path):
+    from callbacks import FedBABU, LocalFineTuning
+
+    spy = Uploads()
+    fed = build_federation(tmp_path, callbacks=[FedBABU(), LocalFineTuning(epochs=2), spy], rounds=2)
+    summary = fed.run()
+    assert spy.keys and all(not any(k.startswith(HEAD) for k in keys) for keys in spy.keys)
+    finetuned, glob = summary["clients"], summary["summary"]
+    assert "finetuned" in glob and glob["finetuned"]["loss"]["mean"] < glob["global"]["loss"]["mean"]
+    assert all("finetuned" in m for m in finetuned.values())
