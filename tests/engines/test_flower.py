@@ -184,11 +184,21 @@ def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deplo
         "configs/dpsgd_digits.yaml",  # each site's accountant stays in its state directory
         "configs/dpfedavg_digits.yaml",  # clipped on the sites, noised on the server
         "configs/fedavg_secagg_digits.yaml",  # pairwise masks: keys through the query messages
+        "configs/fedper_digits.yaml",  # the heads never leave their sites
+        "configs/fedrep_digits_dirichlet.yaml",  # the head's epochs first: the sites' epoch budget
     ],
 )
 def test_method_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path, config: str):
     run_dir = deploy(deployment, config, TINY)
     assert_same_weights(final_state(run_dir), final_state(inprocess(tmp_path, config, TINY)))
+
+
+@pytest.mark.slow
+def test_cyclic_weight_transfer_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path):
+    """One model passed from site to site (through the ServerApp, one fit task at a time) ≡ the in-process cycle."""
+    config, extra = "configs/fedavg_digits.yaml", [*TINY, "--federation.topology=cyclic"]
+    run_dir = deploy(deployment, config, extra)
+    assert_same_weights(final_state(run_dir), final_state(inprocess(tmp_path, config, extra)))
 
 
 @pytest.mark.slow
