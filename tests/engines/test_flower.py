@@ -186,6 +186,8 @@ def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deplo
         "configs/fedavg_secagg_digits.yaml",  # pairwise masks: keys through the query messages
         "configs/fedper_digits.yaml",  # the heads never leave their sites
         "configs/fedrep_digits_dirichlet.yaml",  # the head's epochs first: the sites' epoch budget
+        "configs/lg_fedavg_digits.yaml",  # the bodies never leave their sites
+        "configs/fedbabu_digits_dirichlet.yaml",  # the head frozen; fine-tuned on each site at the end
     ],
 )
 def test_method_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path, config: str):
