@@ -78,3 +78,27 @@ class ClientModule(L.LightningModule):
         if self._loss_sum is None:
             return {"train_loss": math.nan, "train_steps": 0}
         return {"train_loss": float(self._loss_sum) / self._loss_count, "train_steps": self._loss_count}
+
+
+@torch.inference_mode()
+def eval_outputs(module: nn.Module, batches: Iterable[Any], device: torch.device) -> tuple[Tensor, Tensor] | None:
+    """``module``'s float outputs and the targets over every ``(x, y, ...)`` batch, concatenated, in eval mode.
+
+    The module's train/eval flag is restored afterwards. None when there is no batch.
+    """
+    was_training = module.training
+    module.eval()
+    outputs, targets = [], []
+    for batch in batches:
+        x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+        outputs.append(module(x).float())
+        targets.append(y)
+    module.train(was_training)
+    if not outputs:
+        return None
+    return torch.cat(outputs), torch.cat(targets)
+
+
+def concat_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Several test sets' prediction parts as one, each key concatenated in the given order (on the first's device)."""
+    return {k: torch.cat([p[k].to(parts[0][k].device) for p in parts]) for k in parts[0]}

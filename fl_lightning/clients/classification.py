@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.clients.base import ClientModule
+from fl_lightning.clients.base import ClientModule, concat_parts, eval_outputs
 from fl_lightning.clients.metrics import classification_metrics
-from fl_lightning.clients.optim import build_optimizer
+from fl_lightning.clients.optim import configured_optimizer
 from fl_lightning.models import build_classifier
 from fl_lightning.models.cnn import NormKind
 from fl_lightning.models.net_check import DUMMY_BATCH, check_net_shapes
@@ -118,31 +118,21 @@ class ClassificationClient(ClientModule):
         parts = self.evaluation_parts(batches, device)
         return self.metrics_from_parts(parts) if parts else {}
 
-    @torch.inference_mode()
     def evaluation_parts(self, batches: Iterable[Any], device: torch.device) -> dict[str, Tensor]:
         """What pooled metrics need from one test set: its logits and targets (empty dict for no batch).
 
         Predictions leave a client only over an in-process transport (simulation); see README "The
         client/server boundary".
         """
-        was_training = self.training
-        self.eval()
-        logits, targets = [], []
-        for batch in batches:
-            x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-            logits.append(self(x).float())
-            targets.append(y)
-        self.train(was_training)
-        if not logits:
-            return {}
-        return {"logits": torch.cat(logits), "targets": torch.cat(targets)}
+        out = eval_outputs(self, batches, device)
+        return {} if out is None else {"logits": out[0], "targets": out[1]}
 
     pooled_parts_are_predictions = True  # pooled metrics need the test predictions (a simulation only)
 
     @staticmethod
     def merge_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Several test sets' parts as one (concatenated in the given order)."""
-        return {k: torch.cat([p[k].to(parts[0][k].device) for p in parts]) for k in ("logits", "targets")}
+        return concat_parts(parts)
 
     def metrics_from_parts(self, parts: dict[str, Tensor]) -> dict[str, float]:
         """The metrics of :meth:`evaluate` from (merged) parts."""
@@ -150,6 +140,4 @@ class ClassificationClient(ClientModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit (FedAvg's usual choice); learning rate ``lr · lr_factor``."""
-        hp = self.hparams
-        lr = hp.lr * self.lr_factor  # the round's learning rate under a schedule (callbacks.LRSchedule)
-        return build_optimizer(self.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)
+        return configured_optimizer(self)

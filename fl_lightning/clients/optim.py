@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -22,3 +23,13 @@ def build_optimizer(
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"model.optimizer must be sgd, adam or adamw, got {name!r}")
+
+
+def configured_optimizer(module: Any) -> torch.optim.Optimizer:
+    """A fresh optimiser for ``module``'s parameters, as its hyper-parameters name it, at the round's learning rate.
+
+    ``optimizer``, ``momentum`` and ``weight_decay`` from ``module.hparams``; the learning rate is
+    ``lr · module.lr_factor`` (``callbacks.LRSchedule`` sets the factor before each fit).
+    """
+    hp = module.hparams
+    return build_optimizer(module.parameters(), hp.optimizer, hp.lr * module.lr_factor, hp.momentum, hp.weight_decay)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from fl_lightning.clients.base import ClientModule
-from fl_lightning.clients.optim import build_optimizer
+from fl_lightning.clients.optim import configured_optimizer
 from fl_lightning.clients.segmentation_metrics import (
     pixel_confusion,
     segmentation_metrics,
@@ -221,9 +221,7 @@ class SegmentationClient(ClientModule):
 
         Adam 1e-3 by default; HarmoFL's paper uses Adam.
         """
-        hp = self.hparams
-        lr = hp.lr * self.lr_factor  # the round's learning rate under a schedule (callbacks.LRSchedule)
-        return build_optimizer(self.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)
+        return configured_optimizer(self)
 
 
 def _compute_without_update(metric: Any) -> Tensor:

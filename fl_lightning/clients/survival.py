@@ -9,8 +9,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fl_lightning.clients.base import ClientModule
-from fl_lightning.clients.optim import build_optimizer
+from fl_lightning.clients.base import ClientModule, concat_parts, eval_outputs
+from fl_lightning.clients.optim import configured_optimizer
 from fl_lightning.models.cox import CoxArch, CoxNet
 from fl_lightning.ops.survival import concordance_index, cox_partial_likelihood
 
@@ -95,31 +95,21 @@ class SurvivalClient(ClientModule):
         parts = self.evaluation_parts(batches, device)
         return self.metrics_from_parts(parts) if parts else {}
 
-    @torch.inference_mode()
     def evaluation_parts(self, batches: Iterable[Any], device: torch.device) -> dict[str, Tensor]:
         """What pooled metrics need from one test set: its risks and (time, event) labels (empty dict for no batch).
 
         Predictions leave a client only over an in-process transport (simulation); see README "The
         client/server boundary".
         """
-        was_training = self.training
-        self.eval()
-        risks, targets = [], []
-        for batch in batches:
-            x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-            risks.append(self(x).float())
-            targets.append(y)
-        self.train(was_training)
-        if not risks:
-            return {}
-        return {"risk": torch.cat(risks), "targets": torch.cat(targets)}
+        out = eval_outputs(self, batches, device)
+        return {} if out is None else {"risk": out[0], "targets": out[1]}
 
     pooled_parts_are_predictions = True  # the pooled C-index needs every test prediction (a simulation only)
 
     @staticmethod
     def merge_parts(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Several test sets' parts as one (concatenated in the given order): the pooled set's predictions."""
-        return {k: torch.cat([p[k].to(parts[0][k].device) for p in parts]) for k in ("risk", "targets")}
+        return concat_parts(parts)
 
     def metrics_from_parts(self, parts: dict[str, Tensor]) -> dict[str, float]:
         """The metrics of :meth:`evaluate` from (merged) parts: ``loss`` and ``c_index``.
@@ -133,6 +123,4 @@ class SurvivalClient(ClientModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A fresh local optimiser for each client fit (FedAvg's usual choice); learning rate ``lr · lr_factor``."""
-        hp = self.hparams
-        lr = hp.lr * self.lr_factor  # the round's learning rate under a schedule (callbacks.LRSchedule)
-        return build_optimizer(self.parameters(), hp.optimizer, lr, hp.momentum, hp.weight_decay)
+        return configured_optimizer(self)
