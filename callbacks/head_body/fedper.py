@@ -11,7 +11,7 @@ from callbacks.head_body.heads import head_keys
 from fl_lightning.callback import FederatedCallback
 
 if TYPE_CHECKING:
-    from fl_lightning.callback import ClientContext, ModelGroup, ServerView
+    from fl_lightning.callback import ClientContext, ModelGroup, RuntimeView, ServerView
     from fl_lightning.ops.state import StateDict
     from fl_lightning.wire.protocol import Reply
 
@@ -28,24 +28,27 @@ class FedPer(FederatedCallback):
     one each client's body and head. Which layers are the head: ``head`` (module names, e.g.
     ``[net.classifier]``), else the last ``nn.Linear`` or convolution (:func:`~callbacks.head_body.heads.head_modules`).
 
+    The variants in this folder change what is withheld (:meth:`withheld_keys`) and whether it is each client's
+    own (``keeps_private``; FedBABU's withheld head is the shared initial one).
+
     Args:
         head: Module names of the head (None: found).
     """
 
+    keeps_private = True  # the withheld part is each client's own (its private state)
+
     def __init__(self, head: list[str] | None = None) -> None:
         super().__init__()
         self.head = None if head is None else list(head)
-        self._private: set[str] | None = None
+        self._withheld: set[str] = set()
 
-    def kept_keys(self, module: L.LightningModule) -> set[str]:
-        """The state keys that stay on the client: the head's."""
+    def withheld_keys(self, module: L.LightningModule) -> set[str]:
+        """The state keys that are never uploaded: the head's."""
         return head_keys(module, self.head, type(self).__name__)
 
     @override
     def private_keys(self, module: L.LightningModule) -> set[str]:
-        if self._private is None:
-            self._private = self.kept_keys(module)
-        return self._private
+        return self.withheld_keys(module) if self.keeps_private else set()
 
     # ------------------------------------------------------------------ server half
     @override
@@ -57,6 +60,9 @@ class FedPer(FederatedCallback):
 
     # ------------------------------------------------------------------ client half
     @override
+    def on_runtime_start(self, runtime: RuntimeView) -> None:
+        self._withheld = self.withheld_keys(runtime.module)
+
+    @override
     def on_upload(self, ctx: ClientContext, reply: Reply) -> None:
-        kept = self._private or set()
-        reply.state = {k: v for k, v in reply.state.items() if k not in kept}
+        reply.state = {k: v for k, v in reply.state.items() if k not in self._withheld}

@@ -8,7 +8,7 @@ import lightning as L
 from typing_extensions import override
 
 from callbacks.head_body.fedper import FedPer
-from callbacks.head_body.heads import head_modules
+from callbacks.head_body.heads import split_parameters
 
 if TYPE_CHECKING:
     from fl_lightning.callback import ServerView
@@ -54,11 +54,8 @@ class FedRep(FedPer):
     # ------------------------------------------------------------------ client half
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        prefixes = tuple(n + "." for n in head_modules(pl_module, self.head, "FedRep"))
-        params = list(pl_module.named_parameters())
-        head = [p for n, p in params if n.startswith(prefixes)]
-        body = [p for n, p in params if not n.startswith(prefixes)]
-        flags = {id(p): p.requires_grad for _, p in params}
+        head, body = split_parameters(pl_module, self.head, "FedRep")
+        flags = {id(p): p.requires_grad for p in [*head, *body]}
         self._phases = (trainer.current_epoch, head, body, flags)
 
     @override

@@ -56,3 +56,10 @@ def head_keys(model: nn.Module, names: list[str] | None = None, method: str = "t
     for name in head_modules(model, names, method):
         keys.update(k for k in state if k.startswith(name + "."))
     return keys
+
+
+def split_parameters(model: nn.Module, names: list[str] | None = None, method: str = "the method") -> tuple[list, list]:
+    """``(head parameters, body parameters)`` of ``model``, the head as :func:`head_modules` finds or checks it."""
+    prefixes = tuple(n + "." for n in head_modules(model, names, method))
+    params = list(model.named_parameters())
+    return [p for n, p in params if n.startswith(prefixes)], [p for n, p in params if not n.startswith(prefixes)]

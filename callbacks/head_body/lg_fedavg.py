@@ -21,5 +21,5 @@ class LGFedAvg(FedPer):
     """
 
     @override
-    def kept_keys(self, module: L.LightningModule) -> set[str]:
+    def withheld_keys(self, module: L.LightningModule) -> set[str]:
         return set(module.state_dict()) - head_keys(module, self.head, type(self).__name__)
