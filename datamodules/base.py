@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from datamodules.sampler import SeededEpochSampler, stable_seed
 from datamodules.shifts import style_name
-from datamodules.split import check_labels
+from datamodules.split_checks import check_splits
 from datamodules.validation import with_validation
 
 POOLED_KEY = "__pooled__"
@@ -242,72 +242,10 @@ class FederatedDataModule(L.LightningDataModule):
         return self._splits
 
     def _validate(self, splits: list[ClientSplit]) -> int:
-        """Checks the loaded splits and returns the number of classes."""
-        if not splits:
-            raise ValueError(f"{self._source}: no clients were loaded")
-        ids = [s.client_id for s in splits]
-        if len(set(ids)) != len(ids) or POOLED_KEY in ids:
-            raise ValueError(f"{self._source}: client ids must be unique and not {POOLED_KEY!r}, got {ids}")
-        shape = tuple(splits[0].train_x.shape[1:])
-        rank, what, unit, cells = (2, "features", "row", "values") if self.sample_kind == "table" else (
-            4, "images", "image", "pixels")  # fmt: skip
-        for s in splits:
-            if len(s.train_y) == 0:
-                raise ValueError(f"client {s.client_id!r} has no training samples ({self._source})")
-            for name, x, y, dom in (
-                ("train", s.train_x, s.train_y, s.train_domain),
-                ("test", s.test_x, s.test_y, s.test_domain),
-                ("validation", s.val_x, s.val_y, s.val_domain),
-            ):
-                if x.dtype != torch.float32 or x.ndim != rank or tuple(x.shape[1:]) != shape:
-                    raise ValueError(
-                        f"client {s.client_id!r} {name} {what} must be float32 (N, {', '.join(map(str, shape))}), "
-                        f"got {x.dtype} {tuple(x.shape)} ({self._source})"
-                    )
-                self._check_labels_shape(s.client_id, name, x, y, shape)
-                if dom is not None and tuple(dom.shape) != (len(x),):
-                    raise ValueError(f"client {s.client_id!r} {name} domains must hold one id per {unit} ({len(x)},)")
-                if not bool(torch.isfinite(x).all()):
-                    # Checked first: NaN compares false with everything, so the range check below lets it through.
-                    bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
-                    raise ValueError(
-                        f"client {s.client_id!r} {name} {what} hold NaN or infinite {cells} ({bad} of {len(x)} "
-                        f"{unit}s) ({self._source})"
-                    )
-                if self.sample_kind == "image" and x.numel() and (x.min() < 0 or x.max() > 1):
-                    raise ValueError(f"client {s.client_id!r} {name} images are outside [0, 1] ({self._source})")
-        if self.label_kind == "survival":
-            return 2  # censored / event: what label_counts counts
-        if self._declared_num_classes is not None:
-            num_classes = self._declared_num_classes
-        else:
-            num_classes = 1 + max(int(torch.cat([s.train_y, s.test_y, s.val_y]).max()) for s in splits)
-        for s in splits:
-            check_labels(s.train_y, num_classes, s.client_id, self._source)
-            check_labels(s.test_y, num_classes, s.client_id, self._source)
-            check_labels(s.val_y, num_classes, s.client_id, self._source)
-        return num_classes
-
-    def _check_labels_shape(self, client_id: str, name: str, x: Tensor, y: Tensor, shape: tuple[int, ...]) -> None:
-        """Refuse labels of the wrong shape or type, naming the client and split.
-
-        One int64 label per sample (classification), one per pixel (segmentation masks), or for survival data a
-        float32 ``(time, event)`` pair per sample.
-        """
-        if self.label_kind == "survival":
-            if y.dtype != torch.float32 or tuple(y.shape) != (len(x), 2):
-                raise ValueError(
-                    f"client {client_id!r} {name} labels must be float32 (time, event) pairs of shape ({len(x)}, 2), "
-                    f"got {y.dtype} {tuple(y.shape)} ({self._source})"
-                )
-            return
-        label_shapes = ((len(x),), (len(x), *shape[1:])) if self.sample_kind == "image" else ((len(x),),)
-        if y.dtype != torch.int64 or tuple(y.shape) not in label_shapes:
-            expected = " or ".join(map(str, label_shapes))
-            raise ValueError(
-                f"client {client_id!r} {name} labels must be int64 of shape {expected}, got {y.dtype} "
-                f"{tuple(y.shape)} ({self._source})"
-            )
+        """Checks the loaded splits; the number of classes (:func:`~datamodules.split_checks.check_splits`)."""
+        return check_splits(
+            splits, self.sample_kind, self.label_kind, self._declared_num_classes, self._source, POOLED_KEY
+        )
 
     # -------------------------------------------------------------------------------------------- properties
 
