@@ -163,6 +163,7 @@ class ClinicalTableFederated(FederatedDataModule):
         self._source = str(self.root)
         self.feature_names: list[str] = []
         self.dropped_rows: dict[str, int] = {}  # file → rows left out for a missing value
+        self._class_names: list[str] | None = None  # text labels' names, once loaded
 
     # ------------------------------------------------------------------ reading
     def _files(self) -> list[Path]:
@@ -259,7 +260,7 @@ class ClinicalTableFederated(FederatedDataModule):
     def label_names(self) -> list[str] | None:
         """Text labels' class names, in id order (None for integer labels and survival)."""
         self._ensure_loaded()
-        return getattr(self, "_class_names", None)
+        return self._class_names
 
     # ------------------------------------------------------------------ splitting
     def _test_split(self, site: str, strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

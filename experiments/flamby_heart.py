@@ -122,7 +122,7 @@ def fmt(cell: tuple[float, float] | None) -> str:
 
 def markdown(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     """The table: per method our and FLamby's mean over centres, each centre, and the pooled test set."""
-    methods = [m for m in ["Pooled Training", *(f"Local {i}" for i in range(4)), *list(METHODS.values())[2:]]]
+    methods = ["Pooled Training", *(f"Local {i}" for i in range(4)), *list(METHODS.values())[2:]]
     tests = ["centres", *(f"client_test_{i}" for i in range(4)), POOLED_TEST]
     head = ["method", "source", "mean over centres", *CENTRES, "pooled test"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

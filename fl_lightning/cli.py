@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from datamodules.base import FederatedDataModule
 from fl_lightning.clients.base import ClientModule
-from fl_lightning.config import FederationConfig
+from fl_lightning.config import DATA_SHAPE_LINKS, FederationConfig
 from fl_lightning.engines import distributed, local_ranks
 from fl_lightning.engines.local import local_federation
 from fl_lightning.errors import MissingExtra, PreconditionError
@@ -102,7 +102,7 @@ class FederatedCLI(LightningCLI):
         a table's client no ``image_size``).
         """
         parser.add_class_arguments(FederationConfig, "federation")
-        for attr in ("num_classes", "in_channels", "image_size", "num_features"):
+        for attr in DATA_SHAPE_LINKS:
             parser.link_arguments(f"data.{attr}", f"model.init_args.{attr}", apply_on="instantiate")
         parser.set_defaults(
             {

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# The data's shape, linked from ``data`` into the model's arguments of the same name (a model that does not take one
+# is left without it); left out of the saved config and of its comparison on resume.
+DATA_SHAPE_LINKS = ("num_classes", "in_channels", "image_size", "num_features")
+
 
 @dataclass
 class FederationConfig:

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from fl_lightning.config import DATA_SHAPE_LINKS
 from fl_lightning.startup.moved import canonical_class_path
 
 # Dotted keys that may differ on resume (with everything below them: ``trainer.logger.init_args.offline``,
@@ -46,9 +47,7 @@ ALLOWED_TO_CHANGE: dict[str, str] = {
 # Keys that are not settings of the run: ``config`` lists the config files that were read (their content is
 # compared key by key), and the model's data-shape arguments are linked from ``data`` (compared there) and are
 # left out of the saved YAML.
-DERIVED_KEYS: frozenset[str] = frozenset(
-    {"config"} | {f"model.init_args.{k}" for k in ("num_classes", "in_channels", "image_size", "num_features")}
-)
+DERIVED_KEYS: frozenset[str] = frozenset({"config"} | {f"model.init_args.{k}" for k in DATA_SHAPE_LINKS})
 
 # LRSchedule kinds whose factor of round r depends on the total number of rounds R.
 _ROUNDS_DEPENDENT_SCHEDULES = ("cosine", "poly")

@@ -28,7 +28,7 @@ from fl_lightning.outputs.report import RoundReporter
 from fl_lightning.outputs.round_record import RoundRecord
 from fl_lightning.outputs.run_dir import RunDirectory, json_safe
 from fl_lightning.outputs.tracking import RoundTracker
-from fl_lightning.server import cross_site, evaluate_only
+from fl_lightning.server import cross_site, weights_file
 from fl_lightning.server.core import Server
 from fl_lightning.server.cyclic import train_cycle
 from fl_lightning.server.directory import ClientDirectory
@@ -167,7 +167,7 @@ class Federation(Server):
         """
         cfg = self.config
         self.setup()
-        self.groups[0].state = evaluate_only.weights_state(Path(cfg.weights), self.groups[0].state)
+        self.groups[0].state = weights_file.weights_state(Path(cfg.weights), self.groups[0].state)
         self.run_dir = new_run_directory(
             cfg, self.config_text, self.seed, self.data, cfg.plots and self.transport.simulation
         )
