@@ -20,12 +20,16 @@ from callbacks.head_body.lg_fedavg import LGFedAvg
 from callbacks.local_fine_tuning import LocalFineTuning
 from callbacks.lr_schedule import LRSchedule
 from callbacks.moon import Moon
+from callbacks.personal.apfl import APFL
+from callbacks.personal.ditto import Ditto
+from callbacks.personal.mr_mtl import MRMTL
 from callbacks.reweighting import Reweighting
 from callbacks.scaffold import Scaffold
 from callbacks.secure_aggregation import SecureAggregation
 from callbacks.weight_perturbation import WeightPerturbation
 
 __all__ = [
+    "APFL",
     "AmplitudeNormalization",
     "ClassifierShift",
     "ExperienceReplay",
@@ -33,6 +37,7 @@ __all__ = [
     "DPFedAvg",
     "DomainIsolation",
     "DPSGD",
+    "Ditto",
     "FedBABU",
     "FedBN",
     "FedDyn",
@@ -45,6 +50,7 @@ __all__ = [
     "LGFedAvg",
     "LRSchedule",
     "LocalFineTuning",
+    "MRMTL",
     "Moon",
     "Reweighting",
     "Scaffold",

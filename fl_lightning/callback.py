@@ -182,6 +182,11 @@ class ClientContext:
         fit_alone: ``fit_alone(loader, epochs)`` fits ``module`` for this client on ``loader`` with a fresh
             optimiser and every federated callback detached (a plain local fit, as LocalFineTuning's);
             returns the optimiser steps.
+        personal: The client's whole personal model in the task's group, for a method that trains one beside the
+            group's model (Ditto, MR-MTL, APFL's mixture); ``None`` until it has one. A client half that trains it
+            sets a new state here in ``on_client_end``: the runtime keeps it per client and group, checkpoints it,
+            evaluates it as the client's ``personal`` model and sends it as the client's own model to the
+            cross-site evaluation. It never leaves the site otherwise.
 
     """
 
@@ -201,6 +206,7 @@ class ClientContext:
     private_keys: frozenset[str] | set[str] = frozenset()
     hosted_states: Callable[[], dict[str, dict[str, Any]]] = _no_hosted_states
     fit_alone: Callable[[DataLoader, int], int] | None = None
+    personal: StateDict | None = None
 
 
 class FederatedCallback(L.Callback):

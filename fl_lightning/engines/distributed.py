@@ -37,7 +37,8 @@ from fl_lightning.wire.transport import Transport
 ELASTIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                 "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "ROLE_NAME")  # fmt: skip
 # Per-client entries of a runtime's checkpoint state (everything else is shared by the ranks).
-PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data", "generations")
+PER_CLIENT = ("private", "optimizer_states", "callback_states", "subset_samplers", "data", "generations", "personal",
+              "fit_rounds", "kept_round")  # fmt: skip
 _OPS = ("tasks", "prepare", "start", "state", "load", "stop")  # what rank 0 asks the other ranks
 
 

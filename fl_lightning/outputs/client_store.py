@@ -30,7 +30,7 @@ from datamodules.files import load_state_file
 
 # The runtime state's per-client entries kept out of the checkpoint (the rest is small: sampler epochs).
 # Why: they can hold a model's worth per client (SCAFFOLD's c_i), and only the clients that took part change.
-CLIENT_KEYS = ("private", "optimizer_states", "callback_states")
+CLIENT_KEYS = ("private", "optimizer_states", "callback_states", "personal")
 FILES_KEY = "client_files"  # client -> file name in STORE_DIR, in a checkpoint's "runtime" entry
 DIGESTS_KEY = "client_file_digests"  # file name -> the sha256 it was written with, beside FILES_KEY
 STORE_DIR = "clients"
@@ -87,17 +87,15 @@ def expand(runtime: dict[str, Any], directory: Path) -> dict[str, Any]:
 def _valid_entry(entry: Any) -> bool:
     """Whether a file's entry for one client has the shape the runtime restores (else the resume would crash).
 
-    ``{key: {name: state}}`` for keys of :data:`CLIENT_KEYS`, private states as ``{group: {name: tensor}}``.
+    ``{key: {name: state}}`` for keys of :data:`CLIENT_KEYS`, private and personal states as
+    ``{group: {name: tensor}}``.
     """
     if not isinstance(entry, dict) or not set(entry) <= set(CLIENT_KEYS):
         return False
     if not all(isinstance(v, dict) and all(isinstance(k, str) for k in v) for v in entry.values()):
         return False
-    private = entry.get("private", {})
-    return all(
-        isinstance(group, dict) and all(isinstance(t, torch.Tensor) for t in group.values())
-        for group in private.values()
-    )
+    models = [*entry.get("private", {}).values(), *entry.get("personal", {}).values()]
+    return all(isinstance(group, dict) and all(isinstance(t, torch.Tensor) for t in group.values()) for group in models)
 
 
 def referenced_files(runtime: dict[str, Any]) -> set[str]:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fl_lightning.outputs.collapse import detect_collapse
+from fl_lightning.wire.protocol import ROUNDS_OLD
 
 if TYPE_CHECKING:
     from fl_lightning.wire.protocol import Reply
@@ -31,6 +32,8 @@ def client_rows(
         column = "val/" if is_validation(evaluation) else ""
         for model, per_client in evaluation.get("clients", {}).items():
             row.update({f"{column}{model}/{k}": v for k, v in per_client.get(cid, {}).items()})
+        if cid in evaluation.get(ROUNDS_OLD, {}):
+            row[f"{column}{ROUNDS_OLD}"] = evaluation[ROUNDS_OLD][cid]
         rows.append(row)
     return rows
 
@@ -120,11 +123,13 @@ def summary_table(
         num_classes: Number of classes (chance level of balanced accuracy; None skips that check).
 
     """
+    ages = evaluation.get(ROUNDS_OLD, {})
     clients = {
         cid: {
             "test_samples": n,
             # global and personal first, then models that callbacks add (e.g. routed cluster models)
             **{m: evaluation["clients"][m][cid] for m in _model_order(evaluation) if cid in evaluation["clients"][m]},
+            **({ROUNDS_OLD: ages[cid]} if cid in ages else {}),
         }
         for cid, n in test_samples.items()
     }

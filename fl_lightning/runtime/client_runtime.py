@@ -89,6 +89,10 @@ class ClientRuntime:
         self.private: dict[str, dict[str, StateDict]] = {}
         self.optimizer_states: dict[str, dict[str, dict[str, Any]]] = {}
         self.callback_states: dict[str, dict[str, dict[str, Any]]] = {}
+        # client -> group -> a whole personal model (ClientContext.personal); client -> group -> round of its last fit
+        self.personal: dict[str, dict[str, StateDict]] = {}
+        self.fit_rounds: dict[str, dict[str, int]] = {}
+        self.kept_round: dict[str, int] = {}  # client -> the round its KEPT states were copied in
         self.subset_samplers: dict[tuple[str, str], SeededEpochSampler] = {}  # (group, client)
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
@@ -181,6 +185,7 @@ class ClientRuntime:
             module=self.module, data=self.data, device=self.device, config=self.config, seed=self.seed,
             private=self.private_state(cid, task.group), private_keys=self.private_keys,
             hosted_states=partial(self.hosted_states, cb.state_key), fit_alone=partial(self.fit_alone, cid),
+            personal=self.personal.get(cid, {}).get(task.group),
         )  # fmt: skip
 
     def hosted_states(self, key: str) -> dict[str, dict[str, Any]]:
@@ -289,9 +294,22 @@ class ClientRuntime:
         )
         for cb, ctx in fit.contexts:
             cb.on_client_end(ctx, module, reply)
+        self._keep_personal(fit)
+        self.fit_rounds.setdefault(cid, {})[task.group] = task.round
         for cb, ctx in fit.contexts:  # after every on_client_end: e.g. secure aggregation masks the final update
             cb.on_upload(ctx, reply)
         return reply
+
+    def _keep_personal(self, fit: ClientFit) -> None:
+        """Store the personal model a callback set in its context (two callbacks setting one are refused)."""
+        task = fit.task
+        held = self.personal.get(task.client_id, {}).get(task.group)
+        new = [(cb, ctx.personal) for cb, ctx in fit.contexts if ctx.personal is not None and ctx.personal is not held]
+        if len(new) > 1:
+            names = ", ".join(type(cb).__name__ for cb, _ in new)
+            raise PreconditionError(f"{names} each train a personal model: a run can keep only one, remove all but one")
+        if new:
+            self.personal.setdefault(task.client_id, {})[task.group] = new[0][1]
 
     def num_samples(self, client_id: str, subset: torch.Tensor | None = None) -> int:
         """Training samples of a hosted client (of its subset in a sample-level group; all for the pooled one)."""
@@ -343,14 +361,29 @@ class ClientRuntime:
             else:
                 metrics["global"] = module.evaluate(loader, device)
         private = self.private_state(cid, task.group)
+        personal = self.personal.get(cid, {}).get(task.group)
         if not opts.get("personal", True):
             pass
-        elif private:
-            module.load_state_dict({**task.state, **private})
+        elif personal is not None or private:
+            module.load_state_dict(personal if personal is not None else {**task.state, **private})
             metrics["personal"] = module.evaluate(loader, device)
+            age = self.rounds_old(cid, task)
+            if age is not None:
+                metrics[protocol.ROUNDS_OLD] = age
         elif "global" in metrics:
             metrics["personal"] = dict(metrics["global"])
         return Reply(cid, task.group, metrics=metrics, payloads=payloads)
+
+    def rounds_old(self, client_id: str, task: Task) -> int | None:
+        """How many rounds ago the client's personal model in the task's group was last trained (None: never).
+
+        0 when it trained in the task's round. A kept (best round's) model's age counts from the round it was kept in.
+        """
+        fitted = self.fit_rounds.get(client_id, {}).get(task.group)
+        if fitted is None:
+            return None
+        now = self.kept_round.get(client_id, task.round) if task.group.startswith(protocol.KEPT) else task.round
+        return max(now - fitted, 0)
 
     def _query(self, task: Task) -> Reply:
         key, _, name = task.query.rpartition("/")
@@ -367,7 +400,7 @@ class ClientRuntime:
         groups: the client trains in several of them).
         """
         cid, source, targets = task.client_id, task.options["from"], list(task.options["to"])
-        for store in (self.private, self.optimizer_states):
+        for store in (self.private, self.optimizer_states, self.personal, self.fit_rounds):
             held = store.get(cid, {})
             if source in held:
                 value = held.pop(source)
@@ -376,19 +409,33 @@ class ClientRuntime:
         return Reply(cid, task.group)
 
     def _take_private(self, task: Task) -> Reply:
-        """The client's private state in the task's group (removed from here with option ``remove``)."""
+        """The client's private state in the task's group (removed from here with option ``remove``).
+
+        With option ``own`` and a whole personal model (:attr:`ClientContext.personal`), that model instead: the
+        client's own model for the cross-site evaluation.
+        """
+        if task.options.get("own"):
+            personal = self.personal.get(task.client_id, {}).get(task.group)
+            if personal is not None:
+                return Reply(task.client_id, task.group, state=personal)
         held = self.private.get(task.client_id, {})
         state = held.pop(task.group, None) if task.options.get("remove") else held.get(task.group)
         return Reply(task.client_id, task.group, state=state)
 
     def _keep(self, task: Task) -> Reply:
-        """Copy every private state of the client to ``KEPT + group`` (the best round's), dropping the older copy."""
-        held = self.private.get(task.client_id, {})
-        for name in [n for n in held if n.startswith(protocol.KEPT)]:
-            del held[name]
-        for name in list(held):
-            held[protocol.KEPT + name] = clone_state(held[name])
-        return Reply(task.client_id, task.group)
+        """Copy every private and personal state of the client (and its age) to ``KEPT + group`` (the best round's).
+
+        The older copy is dropped.
+        """
+        cid = task.client_id
+        for store, copy_of in ((self.private, clone_state), (self.personal, clone_state), (self.fit_rounds, int)):
+            held = store.get(cid, {})
+            for name in [n for n in held if n.startswith(protocol.KEPT)]:
+                del held[name]
+            for name in list(held):
+                held[protocol.KEPT + name] = copy_of(held[name])
+        self.kept_round[cid] = task.round
+        return Reply(cid, task.group)
 
     def _put_private(self, task: Task) -> Reply:
         if task.state is None:
@@ -411,6 +458,9 @@ class ClientRuntime:
             "callbacks": {cb.state_key: cb.client_state_dict() for cb in self.callbacks},
             "data": {c: epoch for c, epoch in self.data.sampler_state().items() if c in self.client_ids},
             "generations": dict(self.generations),
+            "personal": self.personal,
+            "fit_rounds": self.fit_rounds,
+            "kept_round": self.kept_round,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -427,6 +477,9 @@ class ClientRuntime:
             cb.load_client_state_dict(state["callbacks"].get(cb.state_key, {}))
         self.data.load_sampler_state(state["data"])
         self.generations = dict(state.get("generations", {}))
+        self.personal = {c: dict(g) for c, g in state.get("personal", {}).items()}
+        self.fit_rounds = {c: dict(g) for c, g in state.get("fit_rounds", {}).items()}
+        self.kept_round = dict(state.get("kept_round", {}))
 
 
 class _PendingSampler:

@@ -29,8 +29,11 @@ POOLED_COLUMN = "pooled"  # the test column of a model on all test sets together
 
 
 def own_models(transport: Transport, groups: dict[str, ModelGroup], ids: list[str], round_idx: int) -> dict[str, Any]:
-    """Each client's own model: its group's state with the client's private state (one ``take_private`` each)."""
-    take = [Task(protocol.TAKE_PRIVATE, round_idx, c, groups[c].name) for c in ids]
+    """Each client's own model, one ``take_private`` each.
+
+    Its whole personal model where it has one (Ditto, MR-MTL, APFL), else its group's state with its private state.
+    """
+    take = [Task(protocol.TAKE_PRIVATE, round_idx, c, groups[c].name, options={"own": True}) for c in ids]
     held = {t.client_id: reply.state or {} for t, reply in zip(take, transport.stream(take))}
     return {c: {**groups[c].state, **held[c]} for c in ids}
 

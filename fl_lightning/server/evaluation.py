@@ -86,6 +86,8 @@ def evaluate(server: ServerView, client_ids: list[str], split: str = "test") -> 
 
     ``global``: the client's group model. ``personal``: the group model with the client's private
     state (identical to ``global`` when nothing is private, as in FedAvg, and then not recomputed).
+    ``personal_rounds_old``: for each client with a trained personal model, how many rounds ago it was trained (a
+    client not selected keeps its last one; 0: trained this round).
     ``pooled``: the global model on all clients' test sets together, from what each client returns
     with its evaluation (the module's ``evaluation_parts``: test predictions for classification, additive
     counts for segmentation) — no second pass over the data. Peer-to-peer runs have no global model;
@@ -116,10 +118,13 @@ def evaluate(server: ServerView, client_ids: list[str], split: str = "test") -> 
         for cid in client_ids
         for group in [serving.get(cid) or server.group_of(cid)]  # group_of raises for a client of no group
     ]
+    ages: dict[str, int] = {}
     for cid, reply in zip(client_ids, server.transport.stream(tasks)):
         for model in ("global", "personal"):
             if model in reply.metrics:
                 per_model[model][cid] = reply.metrics[model]
+        if protocol.ROUNDS_OLD in reply.metrics:
+            ages[cid] = int(reply.metrics[protocol.ROUNDS_OLD])
         if pooled and reply.payloads.get("outputs"):
             parts.append(reply.payloads["outputs"])
     for cb in server.callbacks:  # e.g. cluster models with each test image routed to one of them
@@ -129,6 +134,8 @@ def evaluate(server: ServerView, client_ids: list[str], split: str = "test") -> 
         "clients": per_model,
         "summary": {m: summarise(v) for m, v in per_model.items() if v},
     }
+    if ages:  # the clients with a trained personal model: how many rounds ago it was trained
+        out[protocol.ROUNDS_OLD] = ages
     if pooled and parts:
         out["pooled"] = server.module.metrics_from_parts(server.module.merge_parts(parts))
     if split != "test":

@@ -58,6 +58,8 @@ KINDS = (FIT, EVALUATE, QUERY, REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP)
 # ``keep``: the client copies its private states (every group's) to groups named KEPT + the group's name, replacing
 # an earlier copy: the best validation round's personal models, which the final test evaluates (federation.select).
 KEPT = "@best/"
+# an evaluation reply's entry beside its models: how many rounds ago the client's personal model was trained
+ROUNDS_OLD = "personal_rounds_old"
 POOLED = "__pooled__"  # the client id of centralised training's single pseudo-client (all clients' data pooled)
 
 

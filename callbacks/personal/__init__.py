@@ -1,0 +1,1 @@
+"""Methods that train a whole personal model per client beside (or instead of) the global one."""
