@@ -92,7 +92,8 @@ def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
 
 
 def final_states(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Every tensor of the final model states in a round checkpoint: groups' global states and clients' private ones.
+    """Every tensor of the final model states in a round checkpoint: groups' global states, clients' private ones and
+    their whole personal models.
 
     Reads both checkpoint layouts: private state kept by the server (before the boundary) or by the client runtime.
     """
@@ -110,6 +111,10 @@ def final_states(state: dict[str, Any]) -> dict[str, torch.Tensor]:
         for cid, st in per_client.items():
             for k, v in st.items():
                 tensors[f"private/{group}/{cid}/{k}"] = v
+    for cid, groups in state.get("runtime", {}).get("personal", {}).items():  # whole personal models (Ditto, APFL)
+        for group, st in groups.items():
+            for k, v in st.items():
+                tensors[f"personal/{group}/{cid}/{k}"] = v
     return tensors
 
 

@@ -60,13 +60,16 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
                "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
 
 
-# Cyclic weight transfer (one model passed from rank to rank), FedPer's private heads, a local run's cross-site
+# Cyclic weight transfer (one model passed from rank to rank), FedPer's private heads, APFL's personal models, a
+# local run's cross-site
 # matrix (every model to every
 # rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
 TOPOLOGY_RUNS = {
     "cyclic": ["--federation.topology=cyclic"],
     "local_cross": ["--federation.mode=local"],
     "fedper": ["--trainer.callbacks+=callbacks.FedPer"],  # the heads stay on their ranks, never sent
+    # whole personal models, α and their ages on their ranks; two of three clients a round, so some grow old
+    "apfl": ["--trainer.callbacks+=callbacks.APFL", "--federation.client_fraction=0.67"],
 }
 TOPOLOGY_BASE = ["--config", str(REPO / "configs/fedavg_digits.yaml"), *PRIVACY_SMALL]
 

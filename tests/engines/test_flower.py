@@ -188,6 +188,9 @@ def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deplo
         "configs/fedrep_digits_dirichlet.yaml",  # the head's epochs first: the sites' epoch budget
         "configs/lg_fedavg_digits.yaml",  # the bodies never leave their sites
         "configs/fedbabu_digits_dirichlet.yaml",  # the head frozen; fine-tuned on each site at the end
+        "configs/ditto_digits_dirichlet.yaml",  # the personal models stay on their sites
+        "configs/mr_mtl_digits.yaml",
+        "configs/apfl_digits.yaml",  # v_i and α_i stay on their sites
     ],
 )
 def test_method_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path, config: str):

@@ -73,12 +73,13 @@ def assert_same_final_state(a: Path, b: Path) -> None:
         assert ga["state"].keys() == gb["state"].keys()
         for key in ga["state"]:
             assert torch.equal(ga["state"][key], gb["state"][key]), key
-    pa, pb = ca["runtime"]["private"], cb["runtime"]["private"]  # {client: {group: state}}
-    assert pa.keys() == pb.keys()
-    for client in pa:
-        for group, state in pa[client].items():
-            for key, value in state.items():
-                assert torch.equal(value, pb[client][group][key]), (client, key)
+    for store in ("private", "personal"):
+        pa, pb = ca["runtime"].get(store, {}), cb["runtime"].get(store, {})  # {client: {group: state}}
+        assert pa.keys() == pb.keys()
+        for client in pa:
+            for group, state in pa[client].items():
+                for key, value in state.items():
+                    assert torch.equal(value, pb[client][group][key]), (store, client, key)
 
 
 @pytest.mark.parametrize(
@@ -98,8 +99,11 @@ def assert_same_final_state(a: Path, b: Path) -> None:
         [  # SCAFFOLD training half the clients a round: the checkpoints write only the clients whose c_i changed
             "--config", str(REPO / "configs/scaffold_digits_dirichlet.yaml"), "--federation.client_fraction=0.5",
         ],
+        [  # APFL training two of three clients a round: personal models, α, personal batches and ages resume
+            "--config", str(REPO / "configs/apfl_digits_dirichlet.yaml"), "--federation.client_fraction=0.67",
+        ],
     ],
-    ids=["fedavg", "fedbn+fedprox", "fedbn+fedprox-serialized", "scaffold-sampled"],
+    ids=["fedavg", "fedbn+fedprox", "fedbn+fedprox-serialized", "scaffold-sampled", "apfl-sampled"],
 )  # fmt: skip
 def test_resume_after_a_kill_is_exact(tmp_path, extra):
     full = main(run_args(tmp_path, "full", extra))
