@@ -9,7 +9,7 @@ Reported per method: the global model's and the personal model's mean and worst 
 on its own test set), mean ± std over seeds. The personal model is each client's own as it is evaluated (FedAvg's
 is the global model; FedAvg+FT's and FedBABU's are the fine-tuned ones; local's the client's lone model).
 
-    python experiments/personalised.py [--seeds 0 1 2] [--settings feature label] [--out experiments/results/personalised]
+    python experiments/personalised.py [--seeds 0 1 2] [--settings feature label] [--out DIR]
 """
 
 from __future__ import annotations

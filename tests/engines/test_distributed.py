@@ -234,11 +234,15 @@ def test_runtime_state_splits_by_owner_and_merges_back():
         "data": {"a": 1, "b": 2, "__pooled__": 0},
         "callbacks": {"X": {}},
         "generations": {"a": 3, "b": 1},
+        "personal": {"b": {"g": {"w": 5}}},
+        "fit_rounds": {"a": {"g": 0}, "b": {"g": 2}},
+        "kept_round": {"a": 1},
     }
     owner = {"a": 0, "b": 1, "__pooled__": 0}
     parts = [distributed.split_runtime_state(state, owner, r) for r in (0, 1)]
     assert parts[1]["private"] == {"b": {"g": 2}} and parts[0]["data"] == {"a": 1, "__pooled__": 0}
-    assert parts[1]["generations"] == {"b": 1}
+    assert parts[1]["generations"] == {"b": 1} and parts[1]["personal"] == {"b": {"g": {"w": 5}}}
+    assert parts[0]["fit_rounds"] == {"a": {"g": 0}} and parts[1]["kept_round"] == {}
     assert distributed.merge_runtime_states(parts) == state
 
 

@@ -63,7 +63,8 @@ def test_local_mode_clients_train_alone(tmp_path):
 
     assert set(summary["summary"]) == {"personal"}
     assert "pooled" not in summary
-    assert all(set(c) == {"test_samples", "personal"} for c in summary["clients"].values())
+    assert all(set(c) == {"test_samples", "personal", "personal_rounds_old"} for c in summary["clients"].values())
+    assert all(c["personal_rounds_old"] == 0 for c in summary["clients"].values())  # every client trained last round
     # No server step ever ran: the group's state is still the initial model.
     assert_equal_state(fed.groups[0].state, init_module.state_dict())
 
