@@ -58,7 +58,7 @@ class APFL(TwoPhaseFit):
 
     @override
     def enter_personal(self, ctx: ClientContext, module: L.LightningModule, run: dict[str, Any]) -> None:
-        received = {**ctx.received, **ctx.private}
+        received = run["received"]
         module.load_state_dict(ctx.state.get("personal_model") or received)
         params = run["params"]
         run["alpha"] = float(ctx.state.get("alpha", self.alpha))
@@ -108,5 +108,5 @@ class APFL(TwoPhaseFit):
     ) -> tuple[StateDict, dict[str, Any]]:
         # the parameters hold the mixture (rebuilt after the last step); v_i is run["v"], the rest the module's
         own = {**clone_state(module.state_dict()), **{k: v.detach().clone() for k, v in zip(self._names, run["v"])}}
-        mixture = mix_state(own, {**ctx.received, **ctx.private}, run["alpha"], set(self._names))
+        mixture = mix_state(own, run["received"], run["alpha"], set(self._names))
         return mixture, {"personal_model": own, "alpha": run["alpha"]}

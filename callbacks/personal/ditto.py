@@ -43,7 +43,7 @@ class Ditto(TwoPhaseFit):
 
     @override
     def enter_personal(self, ctx: ClientContext, module: L.LightningModule, run: dict[str, Any]) -> None:
-        received = {**ctx.received, **ctx.private}
+        received = run["received"]
         module.load_state_dict(ctx.personal if ctx.personal is not None else received)
         run["anchors"] = [received[k].to(p.device) for k, p in zip(self._names, run["params"])]
 

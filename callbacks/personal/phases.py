@@ -138,6 +138,7 @@ class TwoPhaseFit(FederatedCallback):
         optimizer.load_state_dict(kept or {"state": {}, "param_groups": run["global_optimizer"]["param_groups"]})
         named = dict(pl_module.named_parameters())
         run["params"] = [named[k] for k in self._names]
+        run["received"] = {**ctx.received, **ctx.private}  # w^t as the fit started: the personal phase's anchor
         self.enter_personal(ctx, pl_module, run)
 
     def in_personal_phase(self) -> bool:
@@ -165,7 +166,7 @@ class TwoPhaseFit(FederatedCallback):
 
     # ------------------------------------------------------------------ what a subclass says
     def enter_personal(self, ctx: ClientContext, module: L.LightningModule, run: dict[str, Any]) -> None:
-        """Load the personal model into ``module`` (its state: ``ctx.personal``, or the received model at first)."""
+        """Load the personal model into ``module`` (``ctx.personal``, or at first ``run["received"]``, w^t)."""
         raise NotImplementedError
 
     def personal_result(
