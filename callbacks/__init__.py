@@ -13,6 +13,7 @@ from callbacks.feder.experience_replay import ExperienceReplay
 from callbacks.fednova import FedNova
 from callbacks.fedopt import FedOpt
 from callbacks.fedprox import FedProx
+from callbacks.head_body.fedala import FedALA
 from callbacks.head_body.fedbabu import FedBABU
 from callbacks.head_body.fedper import FedPer
 from callbacks.head_body.fedrep import FedRep
@@ -38,6 +39,7 @@ __all__ = [
     "DomainIsolation",
     "DPSGD",
     "Ditto",
+    "FedALA",
     "FedBABU",
     "FedBN",
     "FedDyn",

@@ -41,6 +41,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "Ditto λ=1": ("ditto_digits{s}", ["--trainer.callbacks.lam=1.0"]),
     "MR-MTL": ("mr_mtl_digits{s}", []),
     "APFL": ("apfl_digits{s}", []),
+    "FedALA": ("fedala_digits{s}", []),
 }
 SETTINGS = {"feature": ("", []), "label": ("_dirichlet", ["--data.init_args.alpha=0.1"])}
 

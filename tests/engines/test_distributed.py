@@ -60,7 +60,8 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
                "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
 
 
-# Cyclic weight transfer (one model passed from rank to rank), FedPer's private heads, APFL's personal models, a
+# Cyclic weight transfer (one model passed from rank to rank), FedPer's private heads, APFL's and FedALA's personal
+# models, a
 # local run's cross-site
 # matrix (every model to every
 # rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
@@ -70,6 +71,8 @@ TOPOLOGY_RUNS = {
     "fedper": ["--trainer.callbacks+=callbacks.FedPer"],  # the heads stay on their ranks, never sent
     # whole personal models, α and their ages on their ranks; two of three clients a round, so some grow old
     "apfl": ["--trainer.callbacks+=callbacks.APFL", "--federation.client_fraction=0.67"],
+    # each client's own model and aggregation weights on its rank; the adaptation's sample seeded by client and round
+    "fedala": ["--trainer.callbacks+=callbacks.FedALA", "--federation.client_fraction=0.67"],
 }
 TOPOLOGY_BASE = ["--config", str(REPO / "configs/fedavg_digits.yaml"), *PRIVACY_SMALL]
 

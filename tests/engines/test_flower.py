@@ -191,6 +191,7 @@ def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deplo
         "configs/ditto_digits_dirichlet.yaml",  # the personal models stay on their sites
         "configs/mr_mtl_digits.yaml",
         "configs/apfl_digits.yaml",  # v_i and α_i stay on their sites
+        "configs/fedala_digits_dirichlet.yaml",  # θ_i and W_i stay on their sites
     ],
 )
 def test_method_over_a_loopback_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path, config: str):
