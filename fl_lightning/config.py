@@ -24,7 +24,8 @@ class FederationConfig:
         aggregation: Aggregation weights: ``samples`` (n_i / n, FedAvg) or ``uniform``.
         mode: ``federated`` (the callbacks' method, FedAvg by default), ``local`` (every client
             trains alone, no communication), ``centralized`` (all training data pooled in one model) or ``evaluate``
-            (no training: the model in ``weights`` scored on every client's test set).
+            (no training: the model in ``weights`` scored on every client's test set) or ``stats`` (no training:
+            federated statistics of every client's data, ``stats.json``; ``python -m fl_lightning.stats``).
         weights: ``mode: evaluate``: the weights file to score, a round checkpoint (``checkpoints/round-*.ckpt``),
             a Lightning checkpoint or a state dict saved with ``torch.save``; loaded with ``weights_only=True``.
         topology: ``star`` (a server aggregates), ``peer_to_peer`` (no server: each node passes
@@ -83,6 +84,12 @@ class FederationConfig:
         workers_per_device: Ranks that share one GPU (rank r uses ``cuda:(local_rank // workers_per_device)``).
         rank_timeout: Seconds rank 0 waits for a rank's answer (and a rank for rank 0's next message) before the
             run stops with an error naming it.
+        stats_min_count: ``mode: stats``: a split of fewer samples, or a count cell (a class, a histogram bin) of
+            fewer than this many, is withheld by the site.
+        stats_bins: ``mode: stats``: bins of the intensity histogram over [0, 1].
+        stats_epsilon: ``mode: stats``: Gaussian noise added at each site so that its release is
+            (ε, ``stats_delta``)-differentially private per sample (None: no noise).
+        stats_delta: ``mode: stats``: the δ of ``stats_epsilon``.
 
     """
 
@@ -92,7 +99,7 @@ class FederationConfig:
     client_fraction: float = 1.0
     clients_per_round: int | None = None
     aggregation: Literal["samples", "uniform"] = "samples"
-    mode: Literal["federated", "local", "centralized", "evaluate"] = "federated"
+    mode: Literal["federated", "local", "centralized", "evaluate", "stats"] = "federated"
     weights: str | None = None
     topology: Literal["star", "peer_to_peer", "cyclic"] = "star"
     cycle_order: Literal["random", "fixed"] = "random"
@@ -115,6 +122,10 @@ class FederationConfig:
     workers: int = 1
     workers_per_device: int = 1
     rank_timeout: float = 1800.0
+    stats_min_count: int = 10
+    stats_bins: int = 16
+    stats_epsilon: float | None = None
+    stats_delta: float = 1e-5
 
     def __post_init__(self) -> None:
         checks = {
@@ -131,6 +142,10 @@ class FederationConfig:
             "workers": self.workers >= 1,
             "workers_per_device": self.workers_per_device >= 1,
             "rank_timeout": self.rank_timeout > 0,
+            "stats_min_count": self.stats_min_count >= 1,
+            "stats_bins": self.stats_bins >= 1,
+            "stats_epsilon": self.stats_epsilon is None or self.stats_epsilon > 0,
+            "stats_delta": 0 < self.stats_delta < 1,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:

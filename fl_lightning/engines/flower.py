@@ -244,7 +244,7 @@ class FlowerTransport(Transport):
             if PRECONDITION in meta:  # the method cannot work on that site: the run stops, as in one process
                 raise PreconditionError(f"client {task.client_id!r} (SuperNode {node}): {meta[PRECONDITION]}")
             if error is not None:
-                if task.kind in (protocol.FIT, protocol.EVALUATE):
+                if task.kind in (protocol.FIT, protocol.EVALUATE, protocol.STATS):
                     self.descriptions.pop(node, None)  # ask it again (or its restarted successor) next time
                     replies.append(Reply(task.client_id, task.group, error=f"its SuperNode {node} failed: {error}"))
                     continue

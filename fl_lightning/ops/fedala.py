@@ -16,8 +16,10 @@ from torch import Tensor
 
 @torch.no_grad()
 def ala_mix(local: Sequence[Tensor], global_: Sequence[Tensor], weights: Sequence[Tensor]) -> list[Tensor]:
-    """θ̂ = θ + (Θ − θ) ⊙ W per tensor; W = 1 gives Θ and W = 0 gives θ exactly (``torch.lerp`` is exact at its
-    ends, where the written-out sum would round)."""
+    """θ̂ = θ + (Θ − θ) ⊙ W per tensor; W = 1 gives Θ and W = 0 gives θ exactly.
+
+    ``torch.lerp`` is exact at its ends, where the written-out sum would round.
+    """
     return [torch.lerp(theta, big, w) for theta, big, w in zip(local, global_, weights, strict=True)]
 
 
@@ -48,8 +50,10 @@ def ala_weight_step(
 
 
 def converged(losses: Sequence[float], window: int, threshold: float) -> bool:
-    """FedALA's stopping rule for the first adaptation: more than ``window`` epoch losses, the last ``window`` of
-    which have a (population) standard deviation below ``threshold``."""
+    """FedALA's stopping rule for the first adaptation: more than ``window`` pass losses, the last ``window`` low.
+
+    Low: their (population) standard deviation is below ``threshold``.
+    """
     if len(losses) <= window:
         return False
     last = losses[-window:]

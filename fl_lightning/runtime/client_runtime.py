@@ -28,6 +28,7 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import clone_state, select_keys
 from fl_lightning.ops.rng import seeded_rng
 from fl_lightning.ops.state import StateDict, all_finite
+from fl_lightning.runtime import site_stats
 from fl_lightning.runtime.local_fit import LocalFitter
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
@@ -139,6 +140,7 @@ class ClientRuntime:
             protocol.FIT: self._fit,
             protocol.EVALUATE: self._evaluate,
             protocol.QUERY: self._query,
+            protocol.STATS: self._stats,
             protocol.REGROUP: self._regroup,
             protocol.TAKE_PRIVATE: self._take_private,
             protocol.PUT_PRIVATE: self._put_private,
@@ -146,7 +148,7 @@ class ClientRuntime:
         }
         if task.kind not in handlers:
             raise ValueError(f"task of unknown kind {task.kind!r} for client {task.client_id!r}")
-        if task.kind != protocol.EVALUATE:  # the only kind that changes no state
+        if task.kind not in (protocol.EVALUATE, protocol.STATS):  # the kinds that change no state
             self.generations[task.client_id] = self.generations.get(task.client_id, 0) + 1
         with seeded_rng(self.task_seed(task)):
             return handlers[task.kind](task)
@@ -384,6 +386,14 @@ class ClientRuntime:
             return None
         now = self.kept_round.get(client_id, task.round) if task.group.startswith(protocol.KEPT) else task.round
         return max(now - fitted, 0)
+
+    def _stats(self, task: Task) -> Reply:
+        """The client's released summaries of its data (:func:`~fl_lightning.runtime.site_stats.site_statistics`)."""
+        try:
+            released = site_stats.site_statistics(self.data, task.client_id, task.options)
+        except Exception as err:  # one site's bad data must not stop the others' statistics: it is reported failed
+            return Reply(task.client_id, task.group, error=f"{type(err).__name__}: {err}")
+        return Reply(task.client_id, task.group, metrics={"stats": released})
 
     def _query(self, task: Task) -> Reply:
         key, _, name = task.query.rpartition("/")

@@ -67,7 +67,8 @@ class Server:
 
     def _check_mode(self) -> None:
         cfg = self.config
-        if cfg.mode != "federated" and self.callbacks:
+        # statistics call no callback, so a method's config works as it is
+        if cfg.mode not in ("federated", "stats") and self.callbacks:
             names = [type(cb).__name__ for cb in self.callbacks]
             what = "trains nothing" if cfg.mode == "evaluate" else "is a reference mode without communication"
             raise ValueError(

@@ -28,7 +28,7 @@ from fl_lightning.outputs.report import RoundReporter
 from fl_lightning.outputs.round_record import RoundRecord
 from fl_lightning.outputs.run_dir import RunDirectory, json_safe
 from fl_lightning.outputs.tracking import RoundTracker
-from fl_lightning.server import cross_site, weights_file
+from fl_lightning.server import cross_site, statistics, weights_file
 from fl_lightning.server.core import Server
 from fl_lightning.server.cyclic import train_cycle
 from fl_lightning.server.directory import ClientDirectory
@@ -114,6 +114,8 @@ class Federation(Server):
         """
         if self.config.mode == "evaluate":
             return self.run_evaluation()
+        if self.config.mode == "stats":
+            return self.run_statistics()
         self.setup()
         cfg = self.config
         run_id = self._open_run_dir()
@@ -186,6 +188,32 @@ class Federation(Server):
         self.reporter.finish(summary, str(self.run_dir.path), self.module.primary_metric)
         self.run_dir.close()
         return summary
+
+    def run_statistics(self) -> dict[str, Any]:
+        """``mode: stats``: every client's released data summaries, per site and pooled (:mod:`.statistics`).
+
+        The run directory holds ``config.yaml``, ``stats.json`` and ``stats.png``; the table is printed unless
+        ``quiet``. Nothing is trained and no callback's server half runs.
+        """
+        cfg = self.config
+        self.setup()
+        self.run_dir = new_run_directory(cfg, self.config_text, self.seed, self.data, False)
+        self.transport.start(self.run_dir.path)
+        try:
+            opts = statistics.options(cfg)
+            released, failed = statistics.collect(self.transport, list(self.data.client_ids), opts)
+            if not released:
+                raise RuntimeError(f"no client answered the statistics task: {failed}")
+            rep = statistics.report(released, failed, opts)
+            self.run_dir.write_json("stats.json", rep)
+            if cfg.plots:
+                statistics.plot(rep, self.run_dir.path / "stats.png")
+            if not cfg.quiet:
+                print(statistics.table_text(rep))
+                print(f"stats.json in {self.run_dir.path}")
+        finally:
+            self.run_dir.close()
+        return rep
 
     def run_cross_site(self) -> dict[str, Any]:
         """Every client's own model on every client's test set and pooled (:mod:`.cross_site`).

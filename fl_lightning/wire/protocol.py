@@ -1,6 +1,7 @@
 """The messages that cross the client/server boundary, and their byte encoding (which never unpickles).
 
-A :class:`Task` goes from the server to one client: ``fit``, ``evaluate``, a named callback ``query``, or one
+A :class:`Task` goes from the server to one client: ``fit``, ``evaluate``, a named callback ``query``, ``stats``
+(federated statistics of its data), or one
 of the runtime's own operations (``regroup``, ``take_private``, ``put_private``). A :class:`Reply` comes back.
 Both hold only plain data: tensors, numbers, strings, booleans, ``None``, lists, tuples and dicts.
 
@@ -52,9 +53,10 @@ DTYPES: dict[str, torch.dtype] = {
               torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
 }  # fmt: skip
 
-FIT, EVALUATE, QUERY = "fit", "evaluate", "query"
+FIT, EVALUATE, QUERY, STATS = "fit", "evaluate", "query", "stats"
 REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP = "regroup", "take_private", "put_private", "keep"
-KINDS = (FIT, EVALUATE, QUERY, REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP)
+KINDS = (FIT, EVALUATE, QUERY, STATS, REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP)
+# ``stats``: the client's released summaries of its data (federated statistics, fl_lightning.runtime.site_stats)
 # ``keep``: the client copies its private states (every group's) to groups named KEPT + the group's name, replacing
 # an earlier copy: the best validation round's personal models, which the final test evaluates (federation.select).
 KEPT = "@best/"
@@ -68,7 +70,7 @@ class Task:
     """What the server asks of one client.
 
     Attributes:
-        kind: ``fit``, ``evaluate``, ``query`` or a runtime operation (see module docstring).
+        kind: ``fit``, ``evaluate``, ``query``, ``stats`` or a runtime operation (see module docstring).
         round: 0-based index of the running round.
         client_id: The client that handles it.
         group: Name of the model group the task is about.
