@@ -30,17 +30,22 @@ def code_blocks(text: str) -> list[str]:
 
 
 def train_commands() -> list[tuple[str, list[str]]]:
-    """``(where, arguments)`` of every ``python train.py …`` line in a code block of the README or the docs."""
+    """``(where, arguments)`` of every ``python train.py …`` line in a code block of the README or the docs.
+
+    ``python -m fl_lightning.stats …`` lines too: the statistics command is ``train.py`` with ``mode=stats``.
+    """
     found = []
     for doc in DOCS:
         for block in code_blocks(doc.read_text()):
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.strip()
-                if not line.startswith("python train.py") or "<" in line or "…" in line or "$A" in line:
+                stats = line.startswith("python -m fl_lightning.stats")
+                if not (line.startswith("python train.py") or stats) or "<" in line or "…" in line or "$A" in line:
                     continue
                 for var, value in SHELL_VARS.items():
                     line = line.replace(var, value)
-                args = shlex.split(line, comments=True)[2:]
+                args = shlex.split(line, comments=True)[3 if stats else 2 :]
+                args += ["--federation.mode=stats"] if stats else []
                 found.append((doc.relative_to(REPO).as_posix(), args))
     return found
 

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.wire.protocol import STATS_SPLITS
+
 QUANTILES = (0.25, 0.5, 0.75)
-SPLITS = ("train", "val", "test")
 
 
 def split_summary(x: Tensor, y: Tensor, *, label_kind: str, num_classes: int, sample_kind: str, bins: int,
@@ -145,7 +146,7 @@ def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[
     epsilon = options.get("epsilon")
     z = None if epsilon is None else noise_multiplier(float(epsilon), float(options["delta"]))
     out: dict[str, Any] = {}
-    for name in SPLITS:
+    for name in STATS_SPLITS:
         x, y = getattr(split, f"{name}_x"), getattr(split, f"{name}_y")
         if y is None or len(y) == 0:
             continue

@@ -16,9 +16,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.runtime.site_stats import SPLITS
 from fl_lightning.wire import protocol
-from fl_lightning.wire.protocol import Task
+from fl_lightning.wire.protocol import STATS_SPLITS, Task
 
 
 def options(cfg: Any) -> dict[str, Any]:
@@ -40,10 +39,11 @@ def collect(transport: Any, client_ids: list[str], opts: dict[str, Any]) -> tupl
     return released, failed
 
 
-def _add(total: list[float] | None, part: list[float | None]) -> tuple[list[float], int]:
-    """Element-wise sum of the released cells; how many cells were withheld."""
-    total = total or [0.0] * len(part)
-    return [t + (0.0 if p is None else p) for t, p in zip(total, part)], sum(p is None for p in part)
+def _add(total: list[float | None] | None, part: list[float | None]) -> tuple[list[float | None], int]:
+    """Element-wise sum of the released cells (None where no site released the cell); how many were withheld."""
+    total = total or [None] * len(part)
+    added = [t if p is None else (p if t is None else t + p) for t, p in zip(total, part)]
+    return added, sum(p is None for p in part)
 
 
 def derive(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -58,9 +58,9 @@ def derive(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     for s in shown:
         labels, k = _add(labels, s["labels"])
         cells += k
-    total = sum(labels)
+    total = sum(c for c in labels if c is not None)
     out["labels"], out["label_cells_withheld"] = labels, cells
-    out["prevalence"] = [c / total if total > 0 else None for c in labels]
+    out["prevalence"] = [None if c is None or total <= 0 else c / total for c in labels]
     if "histogram" in shown[0]:
         hist, cells = None, 0
         for s in shown:
@@ -83,7 +83,7 @@ def report(released: dict[str, Any], failed: dict[str, str], opts: dict[str, Any
     sites = {cid: {"released": rel, "statistics": {k: derive([v]) for k, v in rel.items()}}
              for cid, rel in released.items()}  # fmt: skip
     pooled = {}
-    for split in SPLITS:
+    for split in STATS_SPLITS:
         parts = [rel[split] for rel in released.values() if split in rel]
         if parts:
             pooled[split] = derive(parts)
@@ -105,7 +105,7 @@ def table_text(rep: dict[str, Any]) -> str:
     rows = [(cid, site["statistics"]) for cid, site in rep["sites"].items()] + [("pooled", rep["pooled"])]
     for name, stats in rows:
         counts = []
-        for split in SPLITS:
+        for split in STATS_SPLITS:
             s = stats.get(split)
             counts.append("—" if s is None else ("withheld" if "n" not in s else _count(s["n"])))
         train = stats.get("train", {})
@@ -142,18 +142,20 @@ def plot(rep: dict[str, Any], path: Path) -> None:
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_title("training label prevalence (withheld cells blank)")
     ax.tick_params(axis="x", rotation=45)
-    if classes <= 12:
+    if 0 < classes <= 12:
         ax.legend(fontsize=6, ncol=2, title="class")
     if with_hist:
         ax = axes[0][1]
         for cid, s in sites.items():
             hist = s.get("histogram")
             if hist:
-                total = sum(hist) or 1.0
-                ax.plot([(i + 0.5) / len(hist) for i in range(len(hist))], [h / total for h in hist], label=cid)
+                total = sum(h for h in hist if h is not None) or 1.0
+                shares = [float("nan") if h is None else h / total for h in hist]
+                ax.plot([(i + 0.5) / len(hist) for i in range(len(hist))], shares, label=cid)
         ax.set_title("training intensity histogram")
         ax.set_xlabel("intensity")
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:  # every site may have withheld its histogram
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

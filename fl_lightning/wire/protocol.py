@@ -57,6 +57,8 @@ FIT, EVALUATE, QUERY, STATS = "fit", "evaluate", "query", "stats"
 REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP = "regroup", "take_private", "put_private", "keep"
 KINDS = (FIT, EVALUATE, QUERY, STATS, REGROUP, TAKE_PRIVATE, PUT_PRIVATE, KEEP)
 # ``stats``: the client's released summaries of its data (federated statistics, fl_lightning.runtime.site_stats)
+# over each of these splits, in this order (the server reads a reply's entries by these names)
+STATS_SPLITS = ("train", "val", "test")
 # ``keep``: the client copies its private states (every group's) to groups named KEPT + the group's name, replacing
 # an earlier copy: the best validation round's personal models, which the final test evaluates (federation.select).
 KEPT = "@best/"

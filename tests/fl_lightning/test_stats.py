@@ -68,7 +68,11 @@ def test_small_label_cells_are_withheld_and_counted():
     assert out["labels"] == [20, None, 0, 7]  # a zero is no disclosure; 3 patients is
     assert out["cases"] is None and out["histogram"] == [25, 5]
     derived = statistics.derive([out, {**summary, "labels": [1, 1, 1, 1], "n": 4, "withheld": "small"}])
-    assert derived["labels"] == [20, 0, 0, 7] and derived["label_cells_withheld"] == 1
+    assert derived["labels"] == [20, None, 0, 7] and derived["label_cells_withheld"] == 1
+    assert derived["prevalence"] == [20 / 27, None, 0, 7 / 27]
+    other = {**summary, "labels": [5, 6, 1, 0]}
+    pooled = statistics.derive([out, site_stats.release(other, min_count=5, sigma=None, sample_kind="image")])
+    assert pooled["labels"] == [25, 6, 0, 7] and pooled["label_cells_withheld"] == 2  # a cell one site released
     assert derived["sites"] == 1 and derived["sites_withheld"] == 1
 
 
