@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from typing_extensions import override
 
@@ -12,6 +14,8 @@ from fl_lightning.errors import PreconditionError
 from fl_lightning.ops import aggregation_weights, secagg
 
 if TYPE_CHECKING:
+    import lightning as L
+
     from fl_lightning.callback import ClientContext, ModelGroup, ServerView
     from fl_lightning.ops.state import StateDict
     from fl_lightning.wire.protocol import Reply, Task
@@ -65,12 +69,18 @@ class SecureAggregation(FederatedCallback):
     w + Σ_i p_i Δ_i (the masks cancel), within m · 2^-(bits+1) per entry; FedOpt and DP-FedAvg then act on that mean.
     Integer entries (BatchNorm's ``num_batches_tracked``) are not aggregated: they keep the global value.
 
-    **Dropout.** A selected client that fails leaves its pairs' masks uncancelled, so the sum would be garbage:
-    the round's aggregate is then refused with an error naming the client(s) and the run stops (resume it from the
-    last checkpoint). Recovering the masks of dropped clients (SecAgg's Shamir shares) is not implemented.
+    **Dropout.** A selected client that fails leaves its pairs' masks uncancelled. The server then asks the
+    clients that did answer (two at least) for a mask correction: new mask − old mask, the new masks drawn with fresh
+    pair keys over them alone (session ``run|without:<dropped>``); added to the uploads it holds, their masks cancel
+    and the round goes on with Σ p_i Δ_i / Σ p_i over them, the renormalised mean FedAvg takes without the dropped
+    ones. A client answers a correction only for the round it last masked, over peers it masked with. With fewer
+    than two survivors the round is refused and the run stops. Unlike SecAgg's double masking, this trusts the
+    server to say truthfully who dropped: a server that drops a client whose upload it did receive learns that
+    client's update as the difference of the two sums (use ``scheme="secaggplus"`` against such a server).
 
     **What it protects against.** An honest-but-curious server (and the transport) seeing the uploads: each u_i
-    alone is uniformly distributed. Not covered: a server that lies about the public keys (no PKI or signatures),
+    alone is uniformly distributed. Not covered: a server that lies about the public keys (no PKI or signatures) or
+    about who dropped,
     colluding clients, what the sum itself reveals (use DPFedAvg for that) and the counts and losses in the clear.
 
     **Flower's SecAgg+** (``scheme="secaggplus"``, Flower engine only): the masking is Flower's ``secaggplus_mod``
@@ -117,6 +127,11 @@ class SecureAggregation(FederatedCallback):
         self._uploads: dict[str, torch.Tensor] = {}
         self._selected: list[str] = []
         self._round = 0
+        self.remasked_rounds = 0  # rounds summed again without clients that did not answer
+
+    @override
+    def uploaded_keys(self, module: L.LightningModule, keys: set[str]) -> set[str]:
+        return set()  # nothing of the model in the clear: the update is masked in a payload (or Flower's sum)
 
     # ------------------------------------------------------------------ server half
     @override
@@ -200,11 +215,7 @@ class SecureAggregation(FederatedCallback):
                 raise RuntimeError(f"SecureAggregation: no SecAgg+ sum for round {self._round + 1}")
             total = total / sum(self._weights[c] for c in self._uploads)  # renormalised, as FedAvg does
         elif missing:
-            raise RuntimeError(
-                f"SecureAggregation: round {self._round + 1}'s selected client(s) {missing} did not answer; their "
-                "pairwise masks do not cancel, so the masked sum is unusable and the round's aggregate is refused "
-                "(dropout recovery is not implemented): resume from the last checkpoint"
-            )
+            total = self._sum_without(server, group, missing)
         else:
             total = secagg.unmasked_sum([self._uploads[c] for c in self._selected], self.bits)
         self._uploads = {}
@@ -220,19 +231,57 @@ class SecureAggregation(FederatedCallback):
             at += w.numel()
         return out
 
+    def _sum_without(self, server: ServerView, group: ModelGroup, missing: list[str]) -> torch.Tensor:
+        """Σ p_i Δ_i / Σ p_i over the clients that answered, their masks drawn again over them alone.
+
+        The survivors' pairwise masks with a missing client do not cancel. Each survivor sends the correction
+        new mask − old mask (:func:`~fl_lightning.ops.secagg.mask_correction`, fresh pair keys over the survivors);
+        the server adds it to the upload it holds, and the survivors' masks cancel among themselves.
+        """
+        survivors = [c for c in self._selected if c in self._uploads]
+        where = f"SecureAggregation: round {self._round + 1}'s selected client(s) {missing} did not answer"
+        if len(survivors) < 2:  # one survivor's "sum" would be its own update in the clear
+            raise RuntimeError(
+                f"{where} and only {survivors} did: a masked sum needs two clients, so the round's aggregate is "
+                "refused; fix the failing sites (or select more clients) and resume from the last checkpoint"
+            )
+        warnings.warn(f"{where}: their masks are drawn again over the {len(survivors)} that did", stacklevel=2)
+        size = self._uploads[survivors[0]].numel()
+        payload = {
+            "round": self._round, "before": {c: self.public_keys[c] for c in self._selected},
+            "after": {c: self.public_keys[c] for c in survivors}, "session": self._session,
+            "retry": secagg.retry_session(self._session, missing), "size": size,
+        }  # fmt: skip
+        answers = server.query(self, "remask", survivors, payload, group=group.name)
+        for cid, correction in answers.items():
+            if (
+                not isinstance(correction, torch.Tensor)
+                or correction.dtype != torch.int64
+                or correction.numel() != size
+            ):
+                raise RuntimeError(f"{where}, and client {cid!r} sent no mask correction: the round cannot be summed")
+        self.remasked_rounds += 1
+        total = secagg.unmasked_sum([*(self._uploads[c] for c in survivors), *answers.values()], self.bits)
+        return total / sum(self._weights[c] for c in survivors)  # renormalised, as FedAvg does without them
+
     @override
     def summary_entries(self, server: ServerView) -> dict[str, Any]:
         if self.scheme == "secaggplus":
             return {"secure_aggregation": {"scheme": self.scheme, **self.secaggplus}}
-        return {"secure_aggregation": {"bits": self.bits, "clients_with_keys": len(self.public_keys)}}
+        return {
+            "secure_aggregation": {
+                "bits": self.bits, "clients_with_keys": len(self.public_keys), "remasked_rounds": self.remasked_rounds,
+            }
+        }  # fmt: skip
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"public_keys": dict(self.public_keys)}
+        return {"public_keys": dict(self.public_keys), "remasked_rounds": self.remasked_rounds}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.public_keys = {str(c): str(k) for c, k in state_dict["public_keys"].items()}
+        self.remasked_rounds = int(state_dict.get("remasked_rounds", 0))
 
     # ------------------------------------------------------------------ client half
     @override
@@ -241,7 +290,39 @@ class SecureAggregation(FederatedCallback):
             if "private_key" not in ctx.state:  # the secret never leaves the client (but is in its checkpoint)
                 ctx.state["private_key"] = secagg.generate_private_key().hex()
             return secagg.public_key(bytes.fromhex(ctx.state["private_key"])).hex()
+        if name == "remask":
+            return self._mask_correction(ctx, payload)
         return super().answer_query(ctx, name, payload)
+
+    def _mask_correction(self, ctx: ClientContext, payload: dict[str, Any]) -> torch.Tensor:
+        """The client's new mask − old mask for a round summed again without the clients that did not answer.
+
+        Only for the round it masked last, over peers it masked with, itself and one other at least: anything
+        else could make its own upload readable.
+        """
+        masked = ctx.state.get("masked")
+        before, after = dict(payload["before"]), dict(payload["after"])
+        checks = {
+            "it masked no upload of that round": masked is not None and masked[:2] == [payload["round"], ctx.group],
+            "the peers it masked with are not those": masked is not None and sorted(before) == masked[2],
+            "the new peers are not two or more of the old ones with it": (
+                ctx.client_id in after and len(after) >= 2 and set(after) < set(before)
+            ),
+        }
+        bad = [why for why, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"SecureAggregation: client {ctx.client_id!r} refuses to re-mask: {'; '.join(bad)}")
+        correction = secagg.mask_correction(
+            ctx.client_id,
+            bytes.fromhex(ctx.state["private_key"]),
+            {c: bytes.fromhex(k) for c, k in before.items()},
+            {c: bytes.fromhex(k) for c, k in after.items()},
+            int(payload["size"]),
+            (str(payload["session"]), str(payload["retry"])),
+            int(payload["round"]),
+            ctx.group,
+        )
+        return torch.from_numpy(correction.view(np.int64).copy())
 
     @override
     def on_upload(self, ctx: ClientContext, reply: Reply) -> None:
@@ -273,4 +354,5 @@ class SecureAggregation(FederatedCallback):
             ctx.group,
         )
         self.put_payload(reply, {"masked": secagg.masked_upload(update, mask, bits, len(peers))})
+        ctx.state["masked"] = [ctx.round, ctx.group, sorted(peers)]  # what a re-mask of this round may ask for
         reply.state = {}  # nothing of the model travels in the clear

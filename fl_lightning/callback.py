@@ -277,6 +277,14 @@ class FederatedCallback(L.Callback):
         """State-dict keys of ``module`` that stay on each client and are never averaged."""
         return set()
 
+    def uploaded_keys(self, module: L.LightningModule, keys: set[str]) -> set[str]:
+        """The state entries a fit reply carries, of the ``keys`` the callbacks before this one leave in it.
+
+        Override it in a callback whose ``on_upload`` takes entries out of the reply: the server refuses a reply
+        that carries other entries than every callback says (:mod:`fl_lightning.server.reply_check`).
+        """
+        return keys
+
     # ------------------------------------------------------------------ payload helpers
     def put_payload(self, message: Task | Reply, payload: Any) -> None:
         """Attach this callback's payload to a task (server half) or a reply (client half)."""

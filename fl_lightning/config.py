@@ -84,6 +84,13 @@ class FederationConfig:
         workers_per_device: Ranks that share one GPU (rank r uses ``cuda:(local_rank // workers_per_device)``).
         rank_timeout: Seconds rank 0 waits for a rank's answer (and a rank for rank 0's next message) before the
             run stops with an error naming it.
+        min_clients: A round (each model group's fit wave, or a cycle) goes on without clients that failed (their
+            fit raised, their reply failed the server's checks, or their site did not answer in time) as long as at
+            least this many of its selected clients replied (all of them if fewer were selected); else the run stops
+            with an error naming the failed ones. The default 1 stops only when nobody answered.
+        reply_timeout: Seconds a Flower site may take to answer one task before its client counts as failed for
+            that round (None: the Flower run config's ``timeout``, 3600 s). In one process and across ranks there is
+            no site to wait for (``rank_timeout`` stops a run whose rank hangs).
         stats_min_count: ``mode: stats``: a split of fewer samples, or a count cell (a class, a histogram bin) of
             fewer than this many, is withheld by the site.
         stats_bins: ``mode: stats``: bins of the intensity histogram over [0, 1].
@@ -122,6 +129,8 @@ class FederationConfig:
     workers: int = 1
     workers_per_device: int = 1
     rank_timeout: float = 1800.0
+    min_clients: int = 1
+    reply_timeout: float | None = None
     stats_min_count: int = 10
     stats_bins: int = 16
     stats_epsilon: float | None = None
@@ -142,6 +151,8 @@ class FederationConfig:
             "workers": self.workers >= 1,
             "workers_per_device": self.workers_per_device >= 1,
             "rank_timeout": self.rank_timeout > 0,
+            "min_clients": self.min_clients >= 1,
+            "reply_timeout": self.reply_timeout is None or self.reply_timeout > 0,
             "stats_min_count": self.stats_min_count >= 1,
             "stats_bins": self.stats_bins >= 1,
             "stats_epsilon": self.stats_epsilon is None or self.stats_epsilon > 0,

@@ -50,6 +50,10 @@ class FedPer(FederatedCallback):
     def private_keys(self, module: L.LightningModule) -> set[str]:
         return self.withheld_keys(module) if self.keeps_private else set()
 
+    @override
+    def uploaded_keys(self, module: L.LightningModule, keys: set[str]) -> set[str]:
+        return keys - self.withheld_keys(module)
+
     # ------------------------------------------------------------------ server half
     @override
     def on_aggregate(

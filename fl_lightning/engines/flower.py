@@ -75,11 +75,14 @@ RUN_DEFAULTS: dict[str, Any] = {
     "overrides": "",  # extra command-line arguments after it (e.g. "--federation.rounds=5")
     "min-nodes": 1,  # wait for this many SuperNodes before the first message
     "node-wait": 300.0,  # seconds to wait for them
-    "timeout": 3600.0,  # seconds one message may take before its client counts as failed
+    "timeout": 3600.0,  # seconds a message may take before its client counts as failed (federation.reply_timeout wins)
     "poll": 0.05,  # seconds between two looks for a reply
 }
 _Answer = tuple[bytes, dict[str, Any], "str | None"]  # a node's reply bytes, its routing facts, or its error
 _TYPES = {protocol.FIT: "train", protocol.EVALUATE: "evaluate"}  # every other kind is a "query"
+# Tasks whose client may fail alone (the round, the evaluation or the statistics go on without it); any other
+# task (a method's query, describe, restore) failing stops the run, as in one process.
+FAILABLE = (protocol.FIT, protocol.EVALUATE, protocol.STATS)
 
 
 def run_args(run_config: dict[str, Any]) -> list[str]:
@@ -111,6 +114,7 @@ class FlowerTransport(Transport):
         self.routes: dict[str, int] = {}  # client id -> node id
         self.descriptions: dict[int, dict[str, Any]] = {}  # node id -> its description
         self.describe_errors: dict[int, str] = {}  # node id -> why it could not describe itself (latest try)
+        self.refused: dict[int, str] = {}  # node id -> why it is never asked again (it claims another's client)
         self.run_key: str | None = None
         self.last_round = -1
         self.checkpoint_rounds: list[int] = []
@@ -142,24 +146,38 @@ class FlowerTransport(Transport):
 
         A restarted SuperNode comes back under a new node id: its clients are routed to it from then on.
         """
-        new = [n for n in self.node_ids() if n not in self.descriptions]
+        now = self.node_ids()
+        new = [n for n in now if n not in self.descriptions and n not in self.refused]
         if new:
             answers = self._exchange([(n, pack(b"", op=DESCRIBE), f"query.{DESCRIBE}") for n in new])
+            described: dict[int, dict[str, Any]] = {}
             for node, (data, _meta, error) in zip(new, answers):
+                if error is None:
+                    try:
+                        described[node] = parse_description(data, node)
+                    except (protocol.MessageError, ValueError) as err:
+                        error = f"its description is malformed: {err}"
                 if error is not None:
                     warnings.warn(f"SuperNode {node} could not describe itself: {error}", stacklevel=2)
                     self.describe_errors[node] = error
-                    continue
+            live = {n: d for n, d in self.descriptions.items() if n in now}
+            for node, why in claim_conflicts(live, described).items():
+                warnings.warn(f"SuperNode {node} is refused: {why}", stacklevel=2)
+                self.refused[node] = why
+                described.pop(node)
+            for node, desc in described.items():
                 self.describe_errors.pop(node, None)
-                self.descriptions[node] = parse_description(data, node)
-                for cid in self.descriptions[node]["clients"]:
+                self.descriptions[node] = desc
+                for cid in desc["clients"]:
                     self.routes[cid] = node
         return self.description()
 
     def description(self) -> dict[str, Any]:
         """Every described client (in client-id order of the nodes' answers) and the data's shape."""
         if not self.descriptions:
-            raise RuntimeError(f"no SuperNode described any client; errors: {self.describe_errors}")
+            raise RuntimeError(
+                f"no SuperNode described any client; errors: {self.describe_errors}, refused: {self.refused}"
+            )
         first = next(iter(self.descriptions.values()))
         clients: dict[str, list[int]] = {}
         for desc in self.descriptions.values():
@@ -185,8 +203,8 @@ class FlowerTransport(Transport):
             return b"", {}, f"{reply.error.reason} (code {reply.error.code})"
         try:
             data, meta = unpack(reply.content)
-        except protocol.MessageError as err:
-            raise protocol.MessageError(f"SuperNode {node}: {err}") from None
+        except protocol.MessageError as err:  # a malformed answer is that node's failure, not the run's
+            return b"", {}, f"its answer is malformed: {err}"
         return data, meta, None
 
     def _send(self, items: list[tuple[int, RecordDict, str]]) -> list[Message | str]:
@@ -243,14 +261,20 @@ class FlowerTransport(Transport):
         for task, node, (answer, meta, error) in zip(tasks, nodes, self._exchange(items)):
             if PRECONDITION in meta:  # the method cannot work on that site: the run stops, as in one process
                 raise PreconditionError(f"client {task.client_id!r} (SuperNode {node}): {meta[PRECONDITION]}")
+            reply = None
+            if error is None:
+                self.bytes_up += len(answer)
+                try:
+                    reply = _reply_of(task, node, answer)
+                except protocol.MessageError as err:
+                    error = f"its reply is malformed: {err}"
             if error is not None:
-                if task.kind in (protocol.FIT, protocol.EVALUATE, protocol.STATS):
+                if task.kind in FAILABLE:
                     self.descriptions.pop(node, None)  # ask it again (or its restarted successor) next time
                     replies.append(Reply(task.client_id, task.group, error=f"its SuperNode {node} failed: {error}"))
                     continue
                 raise RuntimeError(f"{task.kind} task {task.query or ''} for client {task.client_id!r}: {error}")
-            self.bytes_up += len(answer)
-            replies.append(_reply_of(task, node, answer))
+            replies.append(reply)
         return replies
 
     def _secure_wave(self, tasks: list[Task], settings: set[secaggplus.Settings | None]) -> list[Reply]:
@@ -299,7 +323,13 @@ class FlowerTransport(Transport):
                 continue
             masked = secaggplus.masked_bytes(answer_)
             self.bytes_up += len(data) + masked
-            replies[task.client_id] = _reply_of(task, node, data)
+            try:
+                replies[task.client_id] = _reply_of(task, node, data)
+            except protocol.MessageError as err:  # its masked share is in the sum; its reply is left out
+                self.descriptions.pop(node, None)
+                replies[task.client_id] = Reply(
+                    task.client_id, task.group, error=f"its SuperNode {node} failed: its reply is malformed: {err}"
+                )
         if total is not None:
             import torch
 
@@ -363,6 +393,38 @@ def _reply_of(task: Task, node: int, data: bytes) -> Reply:
     return reply
 
 
+def claim_conflicts(live: dict[int, dict[str, Any]], new: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """The newly described nodes to refuse, with why: each client id lives on one site.
+
+    A new node claiming a client that a connected, described node already hosts is refused (the run goes on with
+    the first); two new nodes claiming one client are both refused (nobody can tell which is right). A restarted
+    site comes back under a new node id after its old one failed a task and lost its description, so it is not
+    refused.
+
+    Args:
+        live: The described nodes that are still connected, ``{node: description}``.
+        new: The nodes described just now, ``{node: description}``.
+
+    """
+    owners: dict[str, list[int]] = {}
+    for node, desc in [*live.items(), *new.items()]:
+        for cid in desc["clients"]:
+            owners.setdefault(cid, []).append(node)
+    why: dict[int, str] = {}
+    for cid, nodes in owners.items():
+        if len(nodes) < 2:
+            continue
+        named = " and ".join(f"SuperNode {n}" for n in nodes)
+        message = (
+            f"client {cid!r} is claimed by {named}; each client id must live on one site: fix fl-clients in the "
+            "node config of the wrong one and restart it"
+        )
+        for node in nodes:
+            if node in new:  # a live node keeps its clients
+                why.setdefault(node, message)
+    return why
+
+
 def _client_order(client_id: str) -> tuple[int, Any]:
     return (0, int(client_id)) if client_id.isdigit() else (1, client_id)
 
@@ -413,6 +475,8 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     original = cli.parser.parse_args(args)
     fed_cfg = cli.config_init["federation"]
     transport.keep = fed_cfg.keep_checkpoints
+    if fed_cfg.reply_timeout is not None:  # the run's YAML wins over the Flower run config's `timeout`
+        transport.timeout = float(fed_cfg.reply_timeout)
     # What a deployment's server may not have (test predictions, the sites' labels for partition.png) the Federation
     # leaves out itself: this transport is not a simulation's (FlowerTransport.simulation).
     federation = Federation(

@@ -96,6 +96,31 @@ def client_mask(
     return out
 
 
+def retry_session(session: str, dropped: Iterable[str]) -> str:
+    """The session a round's masks are drawn for again without the ``dropped`` clients (fresh pair keys)."""
+    return f"{session}|without:{','.join(sorted(dropped))}"
+
+
+def mask_correction(
+    client: str,
+    private: bytes,
+    before: Mapping[str, bytes],
+    after: Mapping[str, bytes],
+    size: int,
+    sessions: tuple[str, str],
+    round_idx: int,
+    group: str,
+) -> np.ndarray:
+    """What turns this client's masked upload over the peers ``before`` into one over ``after`` (uint64).
+
+    new mask − old mask modulo 2^64, the old one of session ``sessions[0]``, the new of ``sessions[1]``: added to the
+    upload the server holds, it gives q(p_i Δ_i) + new mask, whose masks cancel over ``after`` alone. Nothing of the
+    update is in it, so the client need not keep its update to answer.
+    """
+    new = client_mask(client, private, after, size, sessions[1], round_idx, group)
+    return np.subtract(new, client_mask(client, private, before, size, sessions[0], round_idx, group))
+
+
 def quantize(values: Tensor, bits: int, num_clients: int) -> np.ndarray:
     """Fixed-point round(x · 2^bits) as two's-complement uint64 words.
 

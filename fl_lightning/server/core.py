@@ -102,6 +102,13 @@ class Server:
         """Whether a global model exists (not in local-only or peer-to-peer runs; a cycle's is the last client's)."""
         return self.config.mode != "local" and self.config.topology != "peer_to_peer"
 
+    def uploaded_keys(self, group: ModelGroup) -> set[str]:
+        """The state entries an honest client's fit reply in ``group`` carries (each callback may take some out)."""
+        keys = set(group.state)
+        for cb in self.callbacks:
+            keys = cb.uploaded_keys(self.module, keys)
+        return keys
+
     # ------------------------------------------------------------------ messages
     def fit_task(self, r: int, group: ModelGroup, client_id: str) -> Task:
         """The ``fit`` task of ``client_id`` in ``group`` for round ``r``, with the callbacks' payloads."""

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fl_lightning.server.reply_check import checked_reply, require_min_clients
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -40,22 +42,24 @@ def train_cycle(
     received.
 
     Raises:
-        RuntimeError: If every member failed.
+        RuntimeError: If every member failed, or fewer than ``federation.min_clients`` replied.
     """
-    state = group.state
-    trained = False
+    state, expected = group.state, server.uploaded_keys(group)
+    trained = 0  # clients whose model went on
     for cid in cycle_order(members, r, server.seed, server.config.cycle_order):
         group.state = state  # the task carries the model as it is now, not as the round began
         task = server.fit_task(r, group, cid)
         (reply,) = list(record.timed_each("train", server.transport.stream([task])))
         done()
-        if reply.error is not None:
-            warnings.warn(f"client {cid!r} failed and is skipped in this cycle: {reply.error}", stacklevel=3)
+        error = reply.error if reply.error is not None else checked_reply(reply, state, expected)
+        if error is not None:
+            warnings.warn(f"client {cid!r} failed and is skipped in this cycle: {error}", stacklevel=3)
             record.failed.append(cid)
             continue
         record.add_reply(cid, reply, server.data.batch_size, server.config.local_steps is not None)
         state = {**state, **reply.state}
-        trained = True
+        trained += 1
     group.state = state
     if not trained:
         raise RuntimeError(f"round {r + 1}: every client of the cycle failed: {members}")
+    require_min_clients(server.config.min_clients, r, group.name, members, trained, record.failed)

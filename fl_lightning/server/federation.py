@@ -34,6 +34,7 @@ from fl_lightning.server.cyclic import train_cycle
 from fl_lightning.server.directory import ClientDirectory
 from fl_lightning.server.evaluation import serving_groups
 from fl_lightning.server.groups import pass_on
+from fl_lightning.server.reply_check import checked_reply, require_min_clients
 from fl_lightning.server.round_choice import RoundChoice
 from fl_lightning.server.run_files import new_run_directory, resumed_run_directory, write_final_outputs
 from fl_lightning.wire.protocol import POOLED
@@ -274,8 +275,11 @@ class Federation(Server):
     def train_group(self, r: int, group: ModelGroup, members: list[str], record: RoundRecord) -> None:
         """Fit tasks to the group's selected ``members``; their replies enter its mean in the order of ``members``.
 
+        A reply that failed, or that fails the server's checks (:mod:`~fl_lightning.server.reply_check`), is left
+        out (warned, and recorded in ``rounds.csv`` and ``metrics.csv``); the others are renormalised.
+
         Raises:
-            RuntimeError: If every member failed.
+            RuntimeError: If every member failed, or fewer than ``federation.min_clients`` replied.
         """
         if not members:
             return  # with client sampling, a group may have no member this round
@@ -288,10 +292,12 @@ class Federation(Server):
         tasks = [self.fit_task(r, group, cid) for cid in members]
         # Replies come back in the order of the tasks (a transport that runs them in parallel reorders them).
         replies = record.timed_each("train", self.transport.stream(tasks))
+        expected = self.uploaded_keys(group)
         for cid, weight, task, reply in zip(members, weights, tasks, replies):
             self.reporter.client_done()
-            if reply.error is not None:
-                warnings.warn(f"client {cid!r} failed and is left out of this round: {reply.error}", stacklevel=3)
+            error = reply.error if reply.error is not None else checked_reply(reply, group.state, expected)
+            if error is not None:
+                warnings.warn(f"client {cid!r} failed and is left out of this round: {error}", stacklevel=3)
                 record.failed.append(cid)
                 continue
             record.add_reply(cid, reply, self.data.batch_size, self.config.local_steps is not None)
@@ -301,6 +307,7 @@ class Federation(Server):
                 mean.add(reply.state, weight)
         if not mean.count:  # the round 1-based, as rounds.csv and the terminal count it
             raise RuntimeError(f"round {r + 1}: every selected client of group {group.name!r} failed: {members}")
+        require_min_clients(self.config.min_clients, r, group.name, members, mean.count, record.failed)
         with record.timed("aggregate"):
             if self.has_global_model:
                 self.aggregate(group, mean)

@@ -199,9 +199,27 @@ class FailOn(FederatedCallback):
             raise RuntimeError("injected dropout")
 
 
-def test_a_client_that_drops_out_fails_the_round_clearly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("transport", ["inprocess", "serialized"])
+def test_a_dropped_client_is_summed_without_by_fresh_masks_as_plain_fedavg_is(tmp_path, monkeypatch, transport):
+    """site1 fails in round 2 (a data problem): the others' masks are drawn again over them alone and the round
+    gives FedAvg's renormalised mean without site1, within the quantisation bound; a resume no longer fails it."""
     monkeypatch.setattr(secure_aggregation, "COMPATIBLE", secure_aggregation.COMPATIBLE | {"FailOn"})
-    fed = build_federation(tmp_path, [SecureAggregation(), FailOn("site1", 1)], rounds=2)
+    plain = build_federation(tmp_path, [FailOn("site1", 1)], rounds=3, run_name="plain")
+    with pytest.warns(UserWarning, match="client 'site1' failed"):
+        plain.run()
+    secure = build_federation(
+        tmp_path, [SecureAggregation(bits=BITS), FailOn("site1", 1)], rounds=3, run_name="secure", transport=transport
+    )
+    with pytest.warns(UserWarning, match=r"round 2's selected client\(s\) \['site1'\] did not answer: their masks"):
+        summary = secure.run()
+    assert summary["secure_aggregation"]["remasked_rounds"] == 1
+    _float_states_close(secure.groups[0].state, plain.groups[0].state, atol=3 * 3 * 2.0 ** -(BITS + 1) + 1e-6)
+
+
+def test_with_one_survivor_the_round_is_refused_and_its_sum_never_applied(tmp_path, monkeypatch):
+    monkeypatch.setattr(secure_aggregation, "COMPATIBLE", secure_aggregation.COMPATIBLE | {"FailOn"})
+    data = tiny_data(num_clients=2)
+    fed = build_federation(tmp_path, [SecureAggregation(), FailOn("site1", 1)], rounds=2, data=data)
     before = {}
     save = fed.save_checkpoint
 
@@ -211,11 +229,57 @@ def test_a_client_that_drops_out_fails_the_round_clearly(tmp_path, monkeypatch):
 
     fed.save_checkpoint = keep_round_1_state
     with pytest.warns(UserWarning, match="client 'site1' failed"):
-        with pytest.raises(RuntimeError, match=r"round 2's selected client\(s\) \['site1'\] did not answer"):
+        with pytest.raises(RuntimeError, match=r"only \['site0'\] did: a masked sum needs two clients"):
             fed.run()
     assert before
-    for k, v in before.items():  # the round's garbage sum was never applied
+    for k, v in before.items():  # the round's sum was never applied
         assert torch.equal(fed.groups[0].state[k], v), k
+
+
+def test_mask_corrections_make_the_survivors_masks_cancel_alone():
+    values = {c: torch.randn(50, dtype=torch.float64) * 0.1 for c in IDS}
+    private, public = _keys()
+    uploads = {
+        c: secagg.masked_upload(v, secagg.client_mask(c, private[c], public, 50, "run", 3, "global"), BITS, 4)
+        for c, v in values.items()
+    }
+    survivors = ["a", "c", "d"]
+    after = {c: public[c] for c in survivors}
+    sessions = ("run", secagg.retry_session("run", ["b"]))
+    fixes = [
+        torch.from_numpy(
+            secagg.mask_correction(c, private[c], public, after, 50, sessions, 3, "global").view(np.int64).copy()
+        )
+        for c in survivors
+    ]
+    total = secagg.unmasked_sum([*(uploads[c] for c in survivors), *fixes], BITS)
+    assert torch.allclose(total, sum(values[c] for c in survivors), atol=3 * 2.0 ** -(BITS + 1), rtol=0)
+    garbage = secagg.unmasked_sum([uploads[c] for c in survivors], BITS)  # without the corrections: no sum
+    assert (garbage - sum(values[c] for c in survivors)).abs().max() > 1.0
+    # a correction alone tells nothing about the update: it holds masks only
+    assert abs(np.corrcoef(fixes[0].double().numpy(), values["a"].numpy())[0, 1]) < 0.5
+
+
+def test_a_client_refuses_a_remask_that_could_expose_its_upload():
+    from types import SimpleNamespace
+
+    cb = SecureAggregation()
+    private, public = _keys(["a", "b", "c"])
+    hexed = {c: k.hex() for c, k in public.items()}
+    ctx = SimpleNamespace(client_id="a", group="global", state={"private_key": private["a"].hex()})
+    ctx.state["masked"] = [4, "global", ["a", "b", "c"]]
+    ask = {"round": 4, "before": hexed, "after": {c: hexed[c] for c in "ab"}, "session": "s", "retry": "s|x",
+           "size": 8}  # fmt: skip
+    assert cb.answer_query(ctx, "remask", ask).dtype == torch.int64
+    for bad, why in [
+        ({"round": 3}, "it masked no upload of that round"),
+        ({"before": {c: hexed[c] for c in "ab"}, "after": {"a": hexed["a"], "b": hexed["b"]}}, "peers it masked"),
+        ({"after": {"a": hexed["a"]}}, "two or more of the old ones with it"),  # alone: its upload unmasked
+        ({"after": {c: hexed[c] for c in "bc"}}, "two or more of the old ones with it"),
+        ({"after": hexed}, "two or more of the old ones with it"),  # nobody dropped: nothing to correct
+    ]:
+        with pytest.raises(ValueError, match=f"client 'a' refuses to re-mask: .*{why}"):
+            cb.answer_query(ctx, "remask", {**ask, **bad})
 
 
 @pytest.mark.parametrize("transport", ["inprocess", "serialized"])

@@ -7,6 +7,7 @@ process is started (the parsers are called directly, a site without its build wh
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from fl_lightning.wire.protocol import MessageError, Reply, Task  # noqa: E402
 
 DESCRIPTION = {"clients": {"site0": [40, 10]}, "batch_size": 8, "num_classes": 10, "in_channels": 1,
                "image_size": [8, 8], "seed": 0}  # fmt: skip
+DESCRIPTION_SHARED = {k: v for k, v in DESCRIPTION.items() if k != "clients"}
 
 
 def records(array: Any = None, **meta: Any) -> RecordDict:
@@ -104,8 +106,43 @@ def test_discovery_refuses_a_wrong_description_naming_the_node(monkeypatch):
     transport = FlowerTransport(grid=None)  # type: ignore[arg-type]  # no messages leave: _exchange is replaced
     monkeypatch.setattr(transport, "node_ids", lambda: [7])
     monkeypatch.setattr(transport, "_exchange", lambda items: [(b'{"clients": 1}', {}, None)])
-    with pytest.raises(MessageError, match="SuperNode 7 described itself wrongly"):
+    with (
+        pytest.warns(UserWarning, match="SuperNode 7 could not describe itself"),
+        pytest.raises(RuntimeError, match="no SuperNode described any client.*SuperNode 7 described itself wrongly"),
+    ):
         transport.discover()
+
+
+def description(*clients: str) -> bytes:
+    return json.dumps({"clients": {c: [10, 5] for c in clients}, **DESCRIPTION_SHARED}).encode()
+
+
+def test_two_nodes_claiming_one_client_are_refused_naming_both(monkeypatch):
+    transport = FlowerTransport(grid=None)  # type: ignore[arg-type]
+    nodes = [7, 8, 9]
+    monkeypatch.setattr(transport, "node_ids", lambda: nodes)
+    answers = {7: description("site0", "site1"), 8: description("site1"), 9: description("site2")}
+    monkeypatch.setattr(transport, "_exchange", lambda items: [(answers[n], {}, None) for n, _c, _t in items])
+    with pytest.warns(UserWarning, match="client 'site1' is claimed by SuperNode 7 and SuperNode 8") as caught:
+        desc = transport.discover()
+    assert sorted(str(w.message).split(" is refused")[0] for w in caught) == ["SuperNode 7", "SuperNode 8"]
+    assert list(desc["clients"]) == ["site2"] and transport.routes == {"site2": 9}
+    # a newcomer claiming a connected node's client is refused; the first keeps it; neither is asked again
+    nodes.append(10)
+    answers[10] = description("site2")
+    with pytest.warns(UserWarning, match="client 'site2' is claimed by SuperNode 9 and SuperNode 10"):
+        assert list(transport.discover()["clients"]) == ["site2"]
+    assert transport.routes == {"site2": 9} and set(transport.refused) == {7, 8, 10}
+    monkeypatch.setattr(transport, "_exchange", lambda items: pytest.fail(f"asked again: {items}"))
+    transport.discover()
+    # a restarted site: its old node failed a task (and lost its description), its new one takes its clients over
+    del transport.descriptions[9]
+    nodes.append(11)  # the dead node 9 may still be listed for a while; it does not answer
+    replies = {9: (b"", {}, "no reply within 60 s"), 11: (description("site2"), {}, None)}
+    monkeypatch.setattr(transport, "_exchange", lambda items: [replies[n] for n, _c, _t in items])
+    with pytest.warns(UserWarning, match="SuperNode 9 could not describe itself: no reply"):
+        assert list(transport.discover()["clients"]) == ["site2"]
+    assert transport.routes == {"site2": 11}
 
 
 # ---------------------------------------------------------------------------------------------------- replies
@@ -125,9 +162,15 @@ def transport_replying(monkeypatch: pytest.MonkeyPatch, answer: bytes) -> Flower
         (protocol.encode(Reply("site1")), "SuperNode 7 answered a task of 'site0' for 'site1'"),
     ],
 )
-def test_a_wrong_reply_is_refused_naming_client_and_node(monkeypatch, answer, match):
-    with pytest.raises(MessageError, match=match):
-        transport_replying(monkeypatch, answer).request(Task(protocol.FIT, 0, "site0", "global"))
+def test_a_wrong_reply_fails_its_client_naming_client_and_node(monkeypatch, answer, match):
+    transport = transport_replying(monkeypatch, answer)
+    for kind in (protocol.FIT, protocol.EVALUATE, protocol.STATS):  # the round goes on without that client
+        reply = transport.request(Task(kind, 0, "site0", "global"))
+        assert reply.client_id == "site0" and reply.state is None
+        assert re.search(rf"its SuperNode 7 failed: its reply is malformed: .*{match}", reply.error), reply.error
+        transport.descriptions = {7: {}}  # the failure dropped its description (it is asked again next time)
+    with pytest.raises(RuntimeError, match=match):  # a method's query has no failed-client path: the run stops
+        transport.request(Task(protocol.QUERY, 0, "site0", "global", query="features"))
 
 
 def test_records_of_a_wrong_reply_name_the_node(monkeypatch):
@@ -141,8 +184,8 @@ def test_records_of_a_wrong_reply_name_the_node(monkeypatch):
             return [reply]
 
     monkeypatch.setattr(flower, "Message", lambda **kw: None)  # outgoing messages need a Flower run: none leaves
-    with pytest.raises(MessageError, match="SuperNode 7: routing fact 'round' must be int"):
-        FlowerTransport(Grid())._exchange([(7, pack(b""), "train")])  # type: ignore[arg-type]
+    ((data, meta, error),) = FlowerTransport(Grid())._exchange([(7, pack(b""), "train")])  # type: ignore[arg-type]
+    assert data == b"" and meta == {} and error == "its answer is malformed: routing fact 'round' must be int, not str"
 
 
 # ---------------------------------------------------------------------------------------------------- site side
