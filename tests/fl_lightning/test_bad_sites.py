@@ -121,8 +121,11 @@ def test_the_run_stops_when_fewer_than_min_clients_replied(tmp_path, topology):
     )
     with (
         pytest.warns(UserWarning, match="client 'site1' failed"),
-        pytest.raises(RuntimeError, match=r"round 1: only 2 of the 3 selected clients .*min_clients asks for 3; "
-                                          r"failed: \['site1'\]"),  # fmt: skip
+        pytest.raises(
+            RuntimeError,
+            match=r"round 1: only 2 of the 3 selected clients .*min_clients asks for 3; "
+            r"failed: \['site1'\]",
+        ),  # fmt: skip
     ):
         fed.run()
     fed = build_federation(
