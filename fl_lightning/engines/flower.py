@@ -47,6 +47,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from typing_extensions import override
 
@@ -200,6 +201,10 @@ class FlowerTransport(Transport):
         if isinstance(reply, str):
             return b"", {}, reply
         if reply.has_error():
+            if reply.error.code == ErrorCode.INVALID_FAB:  # the SuperNode's --trusted-entities refused the FAB
+                why = f"no key of its --trusted-entities signed this FAB ({reply.error.reason})"
+                where = "docs/how-to/across-sites.md, 'Approved code only'"
+                return b"", {}, f"it refused to run this app: {why}; run the reviewed, signed release ({where})"
             return b"", {}, f"{reply.error.reason} (code {reply.error.code})"
         try:
             data, meta = unpack(reply.content)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -54,8 +55,11 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
-    def start_superlink(self) -> None:
+    def start_superlink(self, registry: str | None = None) -> None:
+        """The SuperLink; ``registry``: the app registry (Flower Hub's API) it fetches ``@publisher/name`` apps from."""
         self.port = free_port()
+        if registry is not None:
+            self.env["FLWR_SUPERGRID_API_URL"] = registry
         self._spawn(
             "superlink",
             [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
@@ -67,14 +71,16 @@ class Deployment:
             "insecure = true\n"
         )
 
-    def start_supernode(self, name: str, node_config: str, warm: bool = True) -> None:
-        """A SuperNode; ``warm``: with our long-lived ClientApp executor (else one flwr-clientapp per message)."""
+    def start_supernode(self, name: str, node_config: str, warm: bool = True, trusted: Path | None = None) -> None:
+        """A SuperNode; ``warm``: with our long-lived ClientApp executor (else one flwr-clientapp per message);
+        ``trusted``: its ``--trusted-entities`` file (it then runs only apps signed by one of those keys)."""
         runtime_port = free_port()
         self._spawn(
             name,
             [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
              "--host", "127.0.0.1", "--port", str(runtime_port), "--node-config", node_config,
-             *(["--isolation", "process"] if warm else [])],
+             *(["--isolation", "process"] if warm else []),
+             *(["--trusted-entities", str(trusted)] if trusted is not None else [])],
         )  # fmt: skip
         if warm:
             wait_port(runtime_port)
@@ -103,24 +109,53 @@ class Deployment:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=20)
 
-    def flwr_run(self, run_config: str, done: Path, timeout: float = 600) -> None:
-        """Submit the project with ``flwr run`` and wait until ``done`` exists (the ServerApp's summary.json).
+    def flwr_run(self, run_config: str, done: Path, timeout: float = 600, app: str | None = None) -> int:
+        """Submit the project (or ``app``: ``@publisher/name==version`` from the registry) with ``flwr run`` and wait
+        until ``done`` exists (the ServerApp's summary.json). Returns the run id.
 
         Raises:
-            RuntimeError: If the submission or the ServerApp failed (with the processes' logs).
+            RuntimeError: If the submission or the ServerApp failed (with the run's log and the processes' logs).
         """
-        cmd = [str(BIN / "flwr"), "run", str(ROOT), "loopback", "--run-config", run_config]
+        cmd = [str(BIN / "flwr"), "run", app or str(ROOT), "loopback", "--run-config", run_config, "--format", "json"]
+        failures = self.server_failures()
         sub = subprocess.run(
             cmd, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=120, check=False
         )
         if sub.returncode != 0:
             raise RuntimeError(f"flwr run failed:\n{sub.stdout}\n{sub.stderr}\n{self.logs()}")
-        deadline = time.monotonic() + timeout
+        run_id = int(json.loads(sub.stdout)["run-id"])
+        deadline, looked = time.monotonic() + timeout, time.monotonic()
         while not done.exists():
-            log = (self.workdir / "superlink.log").read_text(errors="replace")
-            if "ServerApp raised an exception" in log or time.monotonic() > deadline:
-                raise RuntimeError(f"the ServerApp did not finish:\n{self.logs()}")
+            failed = self.server_failures() > failures or time.monotonic() > deadline
+            if not failed and time.monotonic() - looked > 3:  # a CLI call costs a second: not every poll
+                looked = time.monotonic()
+                failed = self.run_status(run_id).startswith("finished") and not done.exists()
+            if failed:
+                raise RuntimeError(f"the ServerApp did not finish:\n{self.run_log(run_id)}\n{self.logs()}")
             time.sleep(0.2)
+        return run_id
+
+    def _flwr(self, *args: str) -> str:
+        sub = subprocess.run(
+            [str(BIN / "flwr"), *args], cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=60
+        )
+        return sub.stdout
+
+    def run_status(self, run_id: int) -> str:
+        """The run's status as the SuperLink reports it (``running``, ``finished:failed`` …)."""
+        try:
+            (row,) = json.loads(self._flwr("ls", "loopback", "--run-id", str(run_id), "--format", "json"))["runs"]
+        except (ValueError, KeyError):
+            return "unknown"
+        return str(row["status"])
+
+    def run_log(self, run_id: int) -> str:
+        """What the run's ServerApp printed (its traceback included), as ``flwr log`` shows it."""
+        return self._flwr("log", str(run_id), "loopback", "--show")
+
+    def server_failures(self) -> int:
+        """How many ServerApps of this SuperLink raised (each failed run adds one line to its log)."""
+        return (self.workdir / "superlink.log").read_text(errors="replace").count("ServerApp raised an exception")
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in self.workdir.glob("*.log"))
