@@ -174,3 +174,129 @@ def test_every_column_and_key_a_run_writes_is_documented(tmp_path):
     plain = {n for n in names if not n.startswith(("global/", "personal/", "eval/"))}
     missing = sorted(n for n in plain | metric_names if f"`{n}`" not in page and f"`{n}," not in page)
     assert missing == []
+
+
+# ------------------------------------------------------------------------------------------------ deployment commands
+GUIDE = REPO / "docs" / "how-to" / "across-sites.md"
+FLOWER_PROGRAMS = ("flwr", "flower-superlink", "flower-supernode")
+OUR_TOOLS = ("fl_lightning.tools.app_signing", "fl_lightning.tools.app_registry")
+# Not ours and not Python: the guide's certificate and key commands (OpenSSL, OpenSSH) and plain shell.
+SYSTEM_PROGRAMS = ("openssl", "ssh-keygen", "printf", "cat", "mkdir", "mv")
+
+
+def shell_commands(block: str) -> list[list[str]]:
+    """The commands of a shell block: continuation lines joined, heredoc bodies, comments, ``&&`` chains, a
+    trailing ``&`` and leading ``VAR=value`` assignments taken apart (what the shell itself would run)."""
+    out, heredoc = [], None
+    for line in block.replace("\\\n", " ").splitlines():
+        if heredoc is not None:
+            heredoc = None if line.strip() == heredoc else heredoc
+            continue
+        if m := re.search(r"<<'?(\w+)'?", line):
+            heredoc, line = m.group(1), line[: m.start()]
+        for part in re.split(r"\s&&\s", line):
+            words = shlex.split(part, comments=True)
+            if ">" in words:  # a redirection: the command is what comes before it
+                words = words[: words.index(">")]
+            while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                words = words[1:]
+            if words and words[-1] == "&":
+                words = words[:-1]
+            if words:
+                out.append(words)
+    return out
+
+
+def guide_commands(doc: Path) -> list[list[str]]:
+    return [words for block in code_blocks(doc.read_text()) for words in shell_commands(block)]
+
+
+_HELP: dict[tuple[str, ...], str] = {}
+
+
+def help_text(program: list[str]) -> str:
+    """``program --help`` (wide, no colours), once per program."""
+    import os
+    import subprocess
+    import sys
+
+    key = tuple(program)
+    if key not in _HELP:
+        exe = (
+            [sys.executable, *program[1:]]
+            if program[0] == "python"
+            else [str(Path(sys.executable).parent / program[0]), *program[1:]]
+        )
+        env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+        run = subprocess.run([*exe, "--help"], capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, (program, run.stderr[-2000:])
+        _HELP[key] = run.stdout
+    return _HELP[key]
+
+
+def flower_subcommand(words: list[str]) -> list[str]:
+    """``flwr run …`` → ``[flwr, run]``; ``flwr supernode register …`` → ``[flwr, supernode, register]``."""
+    if words[0] != "flwr":
+        return words[:1]
+    n = 2 if len(words) > 2 and words[1] in ("supernode", "app", "federation") else 1
+    return words[: 1 + n]
+
+
+def check_command(words: list[str]) -> None:
+    """Fail unless ``words`` parse: our tools by their own parser, Flower's by the options its --help lists."""
+    if words[:2] == ["python", "-m"] and words[2] in OUR_TOOLS:
+        module = importlib.import_module(words[2])
+        try:
+            module.build_parser().parse_args(words[3:])
+        except SystemExit as stop:
+            raise AssertionError(f"{' '.join(words)}: {words[2]} refuses its arguments") from stop
+        return
+    if words[0] in FLOWER_PROGRAMS or words[:3] == ["python", "-m", "fl_lightning.engines.flower_worker"]:
+        program = words[:3] if words[0] == "python" else flower_subcommand(words)
+        text = help_text(program)
+        for word in words[len(program) :]:
+            if word.startswith("-"):
+                option = word.split("=")[0]
+                assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text), f"{' '.join(program)}: no {option}"
+        return
+    if words[:2] == ["python", "train.py"] or words[:3] == ["python", "-m", "fl_lightning.stats"]:
+        return  # test_every_train_command_in_the_docs_parses
+    assert words[0] in SYSTEM_PROGRAMS, f"the guide runs {words[0]!r}, which no test parses"
+
+
+def test_every_command_of_the_across_sites_guide_parses():
+    commands = guide_commands(GUIDE)
+    programs = {" ".join(flower_subcommand(w)) if w[0] != "python" else " ".join(w[:3]) for w in commands}
+    # the walk from keys to a signed app to a finished run
+    walk = {"flwr build", "python -m fl_lightning.tools.app_signing", "python -m fl_lightning.tools.app_registry",
+            "flower-superlink", "flower-supernode", "flwr supernode register", "flwr run"}  # fmt: skip
+    assert walk <= programs, programs
+    assert any("--trusted-entities" in w for w in commands) and any(
+        w[:3] == ["flwr", "run", "@fl-lightning/fl-lightning==0.1.0"] for w in commands
+    )
+    for words in commands:
+        check_command(words)
+
+
+def test_every_flower_command_of_the_docs_parses():
+    starts = (*(f"{p} " for p in FLOWER_PROGRAMS), *(f"python -m {t} " for t in OUR_TOOLS))
+    found = 0
+    for doc in DOCS:
+        for block in code_blocks(doc.read_text()) if doc != GUIDE else []:  # (not every untagged block is shell)
+            lines = [line for line in block.replace("\\\n", " ").splitlines() if line.strip().startswith(starts)]
+            for words in shell_commands("\n".join(lines)):
+                check_command(words)
+                found += 1
+    assert found, "the README shows `flwr run`"
+
+
+def test_the_command_checks_can_fail():
+    with pytest.raises(AssertionError, match="no --no-such-option"):
+        check_command(["flower-supernode", "--no-such-option", "x"])
+    with pytest.raises(AssertionError, match="refuses its arguments"):
+        check_command(["python", "-m", "fl_lightning.tools.app_signing", "sign", "x.fab"])  # no --key
+    with pytest.raises(AssertionError, match="which no test parses"):
+        check_command(["curl", "https://example.org"])
+    assert shell_commands("A=1 B=2 flwr run . x &\ncat <<'T'\nnot a command\nT\nmkdir a && mv b c  # why\n") == [
+        ["flwr", "run", ".", "x"], ["cat"], ["mkdir", "a"], ["mv", "b", "c"],
+    ]  # fmt: skip

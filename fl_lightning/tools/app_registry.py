@@ -126,15 +126,19 @@ def serve(folder: Path, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTP
     return server
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve a folder of signed FABs until interrupted."""
-    parser = argparse.ArgumentParser(
-        prog="python -m fl_lightning.tools.app_registry", description=__doc__.split("\n")[0]
-    )
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m fl_lightning.tools.app_registry``."""
+    summary = (__doc__ or "").split("\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m fl_lightning.tools.app_registry", description=summary)
     parser.add_argument("folder", type=Path, help="the folder of *.fab files and their .signatures.json")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve a folder of signed FABs until interrupted."""
+    args = build_parser().parse_args(argv)
     try:
         server = serve(args.folder, args.host, args.port)
     except (OSError, ValueError) as err:

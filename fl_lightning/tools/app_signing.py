@@ -128,11 +128,10 @@ def read_signatures(fab: Path) -> list[dict[str, Any]]:
     return records
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``sign`` a FAB (append its signature record) or ``check`` it against a ``trusted.yaml``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m fl_lightning.tools.app_signing", description=__doc__.split("\n")[0]
-    )
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m fl_lightning.tools.app_signing``."""
+    summary = (__doc__ or "").split("\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m fl_lightning.tools.app_signing", description=summary)
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("sign", help="sign a FAB with an OpenSSH Ed25519 key (ssh-keygen -t ed25519)")
     s.add_argument("fab", type=Path)
@@ -141,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="which keys of a trusted.yaml accept the FAB's signatures")
     c.add_argument("fab", type=Path)
     c.add_argument("--trusted", type=Path, required=True, help="a SuperNode's --trusted-entities file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``sign`` a FAB (append its signature record) or ``check`` it against a ``trusted.yaml``."""
+    args = build_parser().parse_args(argv)
     try:
         fab = args.fab.read_bytes()
         records = read_signatures(args.fab)
