@@ -210,10 +210,11 @@ class SecureAggregation(FederatedCallback):
         missing = [c for c in self._selected if c not in self._uploads]
         if self.scheme == "secaggplus":
             # Σ p_i Δ_i over the clients that answered (SecAgg+ recovered the masks of those that dropped)
-            total = server.transport.take_secure_sum(self._round, group.name)  # type: ignore[attr-defined]
-            if total is None:
+            summed = server.transport.take_secure_sum(self._round, group.name)  # type: ignore[attr-defined]
+            if summed is None:
                 raise RuntimeError(f"SecureAggregation: no SecAgg+ sum for round {self._round + 1}")
-            total = total / sum(self._weights[c] for c in self._uploads)  # renormalised, as FedAvg does
+            total, members = summed  # renormalised over the updates in the sum, as FedAvg does without the rest
+            total = total / sum(self._weights[c] for c in members)
         elif missing:
             total = self._sum_without(server, group, missing)
         else:

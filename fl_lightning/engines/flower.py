@@ -119,13 +119,18 @@ class FlowerTransport(Transport):
         self.run_key: str | None = None
         self.last_round = -1
         self.checkpoint_rounds: list[int] = []
-        self.secure_sums: dict[tuple[int, str], Any] = {}  # (round, group) -> SecAgg+'s unmasked Σ p_i Δ_i
+        # (round, group) -> SecAgg+'s unmasked Σ p_i Δ_i and the clients whose masked vectors are in it
+        self.secure_sums: dict[tuple[int, str], tuple[Any, list[str]]] = {}
 
     # Secure-aggregation schemes this transport runs (callbacks.SecureAggregation asks before it relies on one).
     secure_aggregation = ("secaggplus",)
 
-    def take_secure_sum(self, round_idx: int, group: str) -> Any:
-        """SecAgg+'s unmasked Σ p_i Δ_i (float64 tensor) of a round's fit wave, once; ``None`` if there is none."""
+    def take_secure_sum(self, round_idx: int, group: str) -> tuple[Any, list[str]] | None:
+        """SecAgg+'s unmasked Σ p_i Δ_i (float64 tensor) of a round's fit wave and the clients in it, once.
+
+        ``None`` if there is none. A client whose reply was malformed after its masked vector entered the sum is
+        in it (an update cannot be taken out of a masked sum) though its reply failed.
+        """
         return self.secure_sums.pop((round_idx, group), None)
 
     # ------------------------------------------------------------------ nodes
@@ -312,7 +317,7 @@ class FlowerTransport(Transport):
             return self._send([(node, content, "train") for node, content in items])
 
         answers, total = secaggplus.secure_fit(send, contents, setting)
-        replies = {}
+        replies, summed = {}, []
         for node, task in by_node.items():
             answer_ = answers[node]
             data, meta, error = self._unpack_reply(node, answer_)
@@ -328,9 +333,10 @@ class FlowerTransport(Transport):
                 continue
             masked = secaggplus.masked_bytes(answer_)
             self.bytes_up += len(data) + masked
+            summed.append(task.client_id)
             try:
                 replies[task.client_id] = _reply_of(task, node, data)
-            except protocol.MessageError as err:  # its masked share is in the sum; its reply is left out
+            except protocol.MessageError as err:  # its update is in the sum (and its weight); its reply failed
                 self.descriptions.pop(node, None)
                 replies[task.client_id] = Reply(
                     task.client_id, task.group, error=f"its SuperNode {node} failed: its reply is malformed: {err}"
@@ -338,7 +344,7 @@ class FlowerTransport(Transport):
         if total is not None:
             import torch
 
-            self.secure_sums[(tasks[0].round, tasks[0].group)] = torch.from_numpy(total)
+            self.secure_sums[(tasks[0].round, tasks[0].group)] = (torch.from_numpy(total), summed)
         return [replies[t.client_id] for t in tasks]
 
     def _route(self, client_id: str) -> int:

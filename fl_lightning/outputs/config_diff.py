@@ -37,6 +37,8 @@ ALLOWED_TO_CHANGE: dict[str, str] = {
     "federation.workers": "clients are aggregated in the same order on any number of ranks (tested bit-identical)",
     "federation.workers_per_device": "which GPU a rank uses, not what it computes",
     "federation.rank_timeout": "how long rank 0 waits for a rank",
+    "federation.reply_timeout": "how long the server waits for a Flower site",
+    "federation.min_clients": "how many replies a round needs before the run stops (not what a round computes)",
     "trainer.logger": "where metrics are logged (its arguments too)",
     "trainer.enable_progress_bar": "terminal output only",
     "trainer.enable_model_summary": "terminal output only",

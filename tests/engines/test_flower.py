@@ -8,6 +8,7 @@ pytest.importorskip("flwr", reason="the Flower engine needs the `flower` extra: 
 
 import csv  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -208,21 +209,40 @@ def test_cyclic_weight_transfer_over_a_loopback_deployment_equals_inprocess(depl
 
 
 @pytest.mark.slow
-def test_a_supernode_killed_mid_round_is_a_failed_client_and_rejoins(deployment: Deployment, tmp_path: Path):
-    """Round 2 completes without the killed site (counted in rounds.csv); restarted, it trains again in round 3+."""
+def test_a_killed_site_and_a_corrupt_reply_fail_their_clients_and_a_rerun_resumes_exactly(
+    deployment: Deployment, tmp_path: Path
+):
+    """Three SuperNodes: in round 2 one is killed mid-fit and another sends NaN weights (tests/engines/faults.py).
+    The run finishes with both recorded as failed clients of round 2; the restarted site trains again. A rerun
+    without failures resumes from the last checkpoint: twice from copies of it, bit-identical (nothing outside the
+    checkpoint and the sites' states of its round decides what follows)."""
     d = deployment
+    d.env["PYTHONPATH"] = str(ROOT)  # the server and the sites import the fault from tests/
+    overlay = tmp_path / "faults.yaml"
+    overlay.write_text(
+        "trainer:\n  callbacks:\n    - class_path: tests.engines.faults.CorruptReply\n"
+        "      init_args: {client_id: site2, round: 1}\n"
+    )
     d.start_superlink()
-    for i in range(2):
-        d.start_supernode(f"node{i}", f'fl-clients="site{i}" fl-state-dir="{d.workdir}/site{i}"')
-    extra = [*TINY, "--federation.rounds=5", "--federation.local_epochs=20"]
-    overrides = " ".join([*extra, f"--federation.output_dir={d.workdir}/runs", "--federation.run_name=flower"])
+    node = {i: (f"node{i}", f'fl-clients="site{i}" fl-state-dir="{d.workdir}/site{i}"') for i in range(3)}
+    for i in range(3):
+        d.start_supernode(*node[i])
+    extra = [*TINY, "--data.num_clients=3", f"--config={overlay}", "--federation.rounds=4",
+             "--federation.local_epochs=20", "--federation.reply_timeout=25"]  # fmt: skip
+
+    def run_config(name: str, *more: str) -> str:
+        overrides = " ".join(
+            [*extra, *more, f"--federation.output_dir={d.workdir}/runs", f"--federation.run_name={name}"]
+        )
+        return f'config="configs/fedavg_digits.yaml" overrides="{overrides}" min-nodes=3 poll=0.02'
+
     run_dir = d.workdir / "runs" / "flower"
-    cmd_config = f'config="configs/fedavg_digits.yaml" overrides="{overrides}" min-nodes=2 poll=0.02 timeout=25'
     errors: list[BaseException] = []
+    ids: list[int] = []
 
     def submit() -> None:
         try:
-            d.flwr_run(cmd_config, run_dir / "summary.json", timeout=400)
+            ids.append(d.flwr_run(run_config("flower"), run_dir / "summary.json", timeout=500))
         except BaseException as err:  # noqa: BLE001 - reported by the test below
             errors.append(err)
 
@@ -233,15 +253,34 @@ def test_a_supernode_killed_mid_round_is_a_failed_client_and_rejoins(deployment:
         assert time.monotonic() < deadline and not errors, errors or "round 1 never finished"
         time.sleep(0.05)
     d.kill_node("node1")  # mid round 2: the server has just sent its fit tasks
-    time.sleep(30)  # past the message timeout: round 2 ends without site1
-    d.start_supernode("node1", f'fl-clients="site1" fl-state-dir="{d.workdir}/site1"')
-    runner.join(timeout=420)
+    time.sleep(30)  # past federation.reply_timeout: round 2 ends without site1 (and without site2's NaN)
+    d.start_supernode(*node[1])
+    runner.join(timeout=520)
     assert not errors, errors
     rows = list(csv.DictReader((run_dir / "rounds.csv").open()))
     failed = [int(float(r["round/failed_clients"])) for r in rows]
-    assert failed[0] == 0 and max(failed) >= 1 and failed[-1] == 0, failed
-    last = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r["round"] == str(len(rows))]
-    assert {r["client"] for r in last if r.get("train_steps")} == {"site0", "site1"}  # site1 trained again
+    assert len(rows) == 4 and failed[0] == 0 and failed[1] == 2 and failed[-1] == 0, failed
+    clients = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert {r["client"] for r in clients if r["round"] == "2" and r["failed"] == "1"} == {"site1", "site2"}
+    assert {r["client"] for r in clients if r["round"] == "4" and r.get("train_steps")} == {"site0", "site1", "site2"}
+    log = d.run_log(ids[0])
+    assert "client 'site2' failed and is left out of this round: its reply failed the server's checks" in log, log
+    assert "client 'site1' failed and is left out of this round: its SuperNode" in log, log
+
+    # the rerun: its twin starts from copies of the same checkpoint and site states
+    shutil.copytree(run_dir, d.workdir / "runs" / "twin")
+    for i in range(3):
+        shutil.copytree(d.workdir / f"site{i}" / "flower", d.workdir / f"site{i}" / "twin")
+    first_rows = (run_dir / "rounds.csv").read_text().splitlines()
+    for name in ("flower", "twin"):
+        summary = d.workdir / "runs" / name / "summary.json"
+        summary.unlink()
+        d.flwr_run(run_config(name, "--federation.rounds=5", "--federation.resume=last"), summary, timeout=300)
+    resumed = (run_dir / "rounds.csv").read_text().splitlines()
+    assert resumed[: len(first_rows)] == first_rows and len(resumed) == len(first_rows) + 1
+    assert json.loads((run_dir / "resume_changes.json").read_text())[-1]["after_round"] == 4
+    assert_same_weights(final_state(run_dir), final_state(d.workdir / "runs" / "twin"))
+    assert int(float(list(csv.DictReader((run_dir / "rounds.csv").open()))[-1]["round/failed_clients"])) == 0
 
 
 @pytest.mark.slow
