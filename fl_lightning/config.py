@@ -136,6 +136,11 @@ class FederationConfig:
     stats_epsilon: float | None = None
     stats_delta: float = 1e-5
 
+    def stats_rules(self) -> dict[str, Any]:
+        """The release rules of ``mode: stats`` (a stats task carries the server's; a site applies the stricter)."""
+        return {"min_count": self.stats_min_count, "bins": self.stats_bins, "epsilon": self.stats_epsilon,
+                "delta": self.stats_delta}  # fmt: skip
+
     def __post_init__(self) -> None:
         checks = {
             "rounds": self.rounds >= 1,

@@ -389,11 +389,12 @@ class ClientRuntime:
 
     def _stats(self, task: Task) -> Reply:
         """The client's released summaries of its data (:func:`~fl_lightning.runtime.site_stats.site_statistics`)."""
+        rules = site_stats.strictest(task.options, self.config.stats_rules())  # the site's own floor holds
         try:
-            released = site_stats.site_statistics(self.data, task.client_id, task.options)
+            released = site_stats.site_statistics(self.data, task.client_id, rules)
         except Exception as err:  # one site's bad data must not stop the others' statistics: it is reported failed
             return Reply(task.client_id, task.group, error=f"{type(err).__name__}: {err}")
-        return Reply(task.client_id, task.group, metrics={"stats": released})
+        return Reply(task.client_id, task.group, metrics={"stats": released, "rules": rules})
 
     def _query(self, task: Task) -> Reply:
         key, _, name = task.query.rpartition("/")

@@ -138,6 +138,23 @@ def release(
     return out
 
 
+def strictest(asked: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """The release rules a site applies: the stricter of the server's (``asked``) and its own config's.
+
+    A larger ``min_count``, a smaller ``epsilon`` (``None``: no noise, the loosest) and ``delta``; the histogram's
+    ``bins`` are the server's (small cells are withheld by ``min_count`` whatever their number). A coordinator can
+    so not lower what a site releases below the floor of the site's own settings (its node config's ``fl-args``
+    come after the run's overrides).
+    """
+    eps = [e for e in (asked.get("epsilon"), own.get("epsilon")) if e is not None]
+    return {
+        "min_count": max(int(asked["min_count"]), int(own["min_count"])),
+        "bins": int(asked["bins"]),
+        "epsilon": min(map(float, eps)) if eps else None,
+        "delta": min(float(asked["delta"]), float(own["delta"])),
+    }
+
+
 def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[str, Any]:
     """Every split's released summary of one client (``options``: ``min_count``, ``bins``, ``epsilon``, ``delta``)."""
     split = data.client_data(client_id)

@@ -201,11 +201,11 @@ class Federation(Server):
         self.run_dir = new_run_directory(cfg, self.config_text, self.seed, self.data, False)
         self.transport.start(self.run_dir.path)
         try:
-            opts = statistics.options(cfg)
-            released, failed = statistics.collect(self.transport, list(self.data.client_ids), opts)
+            opts = cfg.stats_rules()
+            released, failed, stricter = statistics.collect(self.transport, list(self.data.client_ids), opts)
             if not released:
                 raise RuntimeError(f"no client answered the statistics task: {failed}")
-            rep = statistics.report(released, failed, opts)
+            rep = statistics.report(released, failed, opts, stricter)
             self.run_dir.write_json("stats.json", rep)
             if cfg.plots:
                 statistics.plot(rep, self.run_dir.path / "stats.png")

@@ -20,23 +20,22 @@ from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import STATS_SPLITS, Task
 
 
-def options(cfg: Any) -> dict[str, Any]:
-    """The release rules a ``stats`` task carries (from the ``federation.stats_*`` settings)."""
-    return {"min_count": cfg.stats_min_count, "bins": cfg.stats_bins, "epsilon": cfg.stats_epsilon,
-            "delta": cfg.stats_delta}  # fmt: skip
-
-
-def collect(transport: Any, client_ids: list[str], opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Every client's released summaries ``{client: {split: summary}}``, and the failed ones ``{client: why}``."""
+def collect(
+    transport: Any, client_ids: list[str], opts: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """Every client's released summaries ``{client: {split: summary}}``, the failed ones ``{client: why}`` and
+    the rules of the sites that applied stricter ones than ``opts`` (their own floor) ``{client: rules}``."""
     tasks = [Task(protocol.STATS, 0, cid, options=opts) for cid in client_ids]
-    released, failed = {}, {}
+    released, failed, stricter = {}, {}, {}
     for cid, reply in zip(client_ids, transport.stream(tasks)):
         if reply.error is not None:
             warnings.warn(f"client {cid!r} failed and is left out of the statistics: {reply.error}", stacklevel=2)
             failed[cid] = reply.error
             continue
         released[cid] = reply.metrics["stats"]
-    return released, failed
+        if reply.metrics.get("rules", opts) != opts:
+            stricter[cid] = reply.metrics["rules"]
+    return released, failed, stricter
 
 
 def _add(total: list[float | None] | None, part: list[float | None]) -> tuple[list[float | None], int]:
@@ -78,8 +77,11 @@ def derive(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def report(released: dict[str, Any], failed: dict[str, str], opts: dict[str, Any]) -> dict[str, Any]:
-    """``stats.json``'s content: the release rules, per site its released summaries and statistics, pooled ones."""
+def report(
+    released: dict[str, Any], failed: dict[str, str], opts: dict[str, Any], stricter: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``stats.json``'s content: the release rules (and the sites' stricter ones), per site its released summaries
+    and statistics, pooled ones."""
     sites = {cid: {"released": rel, "statistics": {k: derive([v]) for k, v in rel.items()}}
              for cid, rel in released.items()}  # fmt: skip
     pooled = {}
@@ -87,7 +89,7 @@ def report(released: dict[str, Any], failed: dict[str, str], opts: dict[str, Any
         parts = [rel[split] for rel in released.values() if split in rel]
         if parts:
             pooled[split] = derive(parts)
-    return {"rules": opts, "sites": sites, "pooled": pooled, "failed": failed}
+    return {"rules": opts, "site_rules": dict(stricter or {}), "sites": sites, "pooled": pooled, "failed": failed}
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -119,6 +121,8 @@ def table_text(rep: dict[str, Any]) -> str:
     rules = rep["rules"]
     noise = "no noise" if rules["epsilon"] is None else f"Gaussian noise, ε={rules['epsilon']}, δ={rules['delta']}"
     lines.append(f"(min_count={rules['min_count']}: smaller splits and cells withheld; {noise})")
+    for cid, own in rep.get("site_rules", {}).items():
+        lines.append(f"({cid} applied its own stricter rules: min_count={own['min_count']}, ε={own['epsilon']})")
     return "\n".join(lines)
 
 

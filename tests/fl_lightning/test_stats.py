@@ -137,3 +137,27 @@ def test_the_command_prints_the_table_and_writes_stats_json(tmp_path, capsys):
     on_disk = json.loads((tmp_path / "cmd" / "stats.json").read_text())
     assert on_disk["rules"]["min_count"] == 25 == rep["rules"]["min_count"]
     assert all("withheld" in s["released"]["test"] for s in on_disk["sites"].values())  # 6 test images a site
+
+
+def test_a_site_applies_the_stricter_of_the_servers_rules_and_its_own():
+    server = {"min_count": 3, "bins": 16, "epsilon": None, "delta": 1e-5}
+    assert site_stats.strictest(server, server) == server
+    own = {"min_count": 20, "bins": 4, "epsilon": 2.0, "delta": 1e-6}
+    assert site_stats.strictest(server, own) == {"min_count": 20, "bins": 16, "epsilon": 2.0, "delta": 1e-6}
+    assert site_stats.strictest({**server, "epsilon": 0.5}, own)["epsilon"] == 0.5  # the smaller ε wins
+    assert site_stats.strictest({**server, "min_count": 50}, own)["min_count"] == 50
+
+
+def test_a_coordinator_cannot_lower_a_sites_own_floor(tmp_path):
+    """The server asks min_count=1; the site's own config says 30 (in a deployment: its fl-args): 30 holds, and
+    stats.json says which site applied which rules."""
+    from dataclasses import replace
+
+    fed = build_federation(tmp_path, mode="stats", stats_min_count=1, stats_bins=BINS, run_name="s")
+    runtime = fed.transport.runtime
+    runtime.config = replace(runtime.config, stats_min_count=30)  # the site's own settings, not the server's
+    rep = fed.run()
+    assert rep["rules"]["min_count"] == 1
+    assert {c: r["min_count"] for c, r in rep["site_rules"].items()} == dict.fromkeys(fed.data.client_ids, 30)
+    assert all("withheld" in s["released"]["test"] for s in rep["sites"].values())  # fewer than 30 test samples
+    assert "applied its own stricter rules: min_count=30" in statistics.table_text(rep)
