@@ -137,6 +137,7 @@ def run_config(d: Deployment, extra: list[str]) -> str:
     return f'config="configs/fedavg_digits.yaml" overrides="{overrides}" min-nodes=2 poll=0.02'
 
 
+@pytest.mark.slow  # its error path is covered by test_flower_wire.py's refusal test
 @pytest.mark.parametrize("app", ["unsigned", "tampered"])
 def test_supernodes_refuse_an_unsigned_or_tampered_app_and_the_run_names_them(tmp_path, release, app):
     d = Deployment(tmp_path)

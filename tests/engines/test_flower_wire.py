@@ -188,6 +188,30 @@ def test_records_of_a_wrong_reply_name_the_node(monkeypatch):
     assert data == b"" and meta == {} and error == "its answer is malformed: routing fact 'round' must be int, not str"
 
 
+def test_a_supernode_refusing_the_app_is_named_and_no_client_is_described(monkeypatch):
+    """What a SuperNode with --trusted-entities answers to an unsigned or tampered FAB (Flower's INVALID_FAB): the
+    run ends naming the node (the deployment test in test_flower_signed.py runs the real refusal)."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    refusal = Message(
+        error=Error(ErrorCode.INVALID_FAB, "The FAB could not be verified."),
+        metadata=Metadata(1, "r1", 7, 0, "m1", "", time.time(), 60.0, "query.describe"),
+    )
+    transport = FlowerTransport(grid=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(transport, "node_ids", lambda: [7])
+    monkeypatch.setattr(transport, "_send", lambda items: [refusal] * len(items))
+    with (
+        pytest.warns(UserWarning, match="SuperNode 7 could not describe itself: it refused to run this app"),
+        pytest.raises(
+            RuntimeError,
+            match=r"no SuperNode described any client; errors: \{7: .it refused to run this "
+            r"app: no key of its --trusted-entities signed this FAB",
+        ),  # fmt: skip
+    ):
+        transport.discover()
+
+
 # ---------------------------------------------------------------------------------------------------- site side
 def bare_site(tmp_path: Path) -> Site:
     """A site hosting ``site0`` without its build: what arrives is refused before the runtime is used."""
