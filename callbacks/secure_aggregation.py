@@ -133,6 +133,10 @@ class SecureAggregation(FederatedCallback):
     def uploaded_keys(self, module: L.LightningModule, keys: set[str]) -> set[str]:
         return set()  # nothing of the model in the clear: the update is masked in a payload (or Flower's sum)
 
+    @override
+    def hides_updates(self) -> bool:
+        return True  # the run's federated statistics are summed securely too (federation.stats_secure: None)
+
     # ------------------------------------------------------------------ server half
     @override
     def on_federation_start(self, server: ServerView) -> None:

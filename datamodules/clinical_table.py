@@ -28,6 +28,8 @@ from datamodules.table_rows import (
     check_columns,
     drop_or_refuse_missing,
     encode_features,
+    is_missing,
+    missing_tally,
     number,
     read_rows,
     standardisation,
@@ -163,6 +165,7 @@ class ClinicalTableFederated(FederatedDataModule):
         self._source = str(self.root)
         self.feature_names: list[str] = []
         self.dropped_rows: dict[str, int] = {}  # file → rows left out for a missing value
+        self._missing: dict[str, dict[str, Any]] = {}  # site → rows read and missing cells per column (stats)
         self._class_names: list[str] | None = None  # text labels' names, once loaded
 
     # ------------------------------------------------------------------ reading
@@ -207,10 +210,12 @@ class ClinicalTableFederated(FederatedDataModule):
         """``(site, row)`` of every kept row of every file, in file and line order."""
         o = self.opts
         out = []
+        self._missing = {}
         for path in self._files():
             rows = read_rows(path, header=o["header"], columns=o["columns"], delimiter=o["delimiter"])
             _, used = self._used_columns(list(rows[0].cells))
             check_columns(rows, used + list(o["categorical_columns"]), path)
+            self._tally_missing(rows, used)
             kept, dropped = drop_or_refuse_missing(rows, used, frozenset(o["missing_values"]), o["missing"])
             self.dropped_rows[str(path)] = dropped
             if dropped:
@@ -226,6 +231,29 @@ class ClinicalTableFederated(FederatedDataModule):
         if not out:
             raise ValueError(f"{self.root}: no row is left once rows with missing values are dropped")
         return out
+
+    def _tally_missing(self, rows: list[TableRow], used: list[str]) -> None:
+        """Add ``rows`` (one file's, before any is dropped) to each site's count of missing cells per used column."""
+        column, tokens = self.opts["site_column"], frozenset(self.opts["missing_values"])
+        by_site: dict[str, list[TableRow]] = {}
+        for r in rows:  # a row whose site cell is missing belongs to no site (it is dropped, or refused)
+            site = self._file_site(r.file) if column is None else r.cells[column]
+            if column is None or not is_missing(site, tokens):
+                by_site.setdefault(site, []).append(r)
+        for site, site_rows in by_site.items():
+            entry = self._missing.setdefault(site, {"rows": 0, "columns": dict.fromkeys(used, 0)})
+            entry["rows"] += len(site_rows)
+            for c, k in missing_tally(site_rows, used, tokens).items():
+                entry["columns"][c] = entry["columns"].get(c, 0) + k
+
+    def missing_cells(self, client_id: str) -> dict[str, Any] | None:
+        """The rows read for a client's site and their missing cells per used column (federated statistics).
+
+        Counted before ``missing: drop`` left such rows out, per column the data are built from.
+        """
+        self._ensure_loaded()
+        entry = self._missing.get(client_id)
+        return None if entry is None else {"rows": entry["rows"], "columns": dict(entry["columns"])}
 
     # ------------------------------------------------------------------ labels
     def _labels(self, rows: list[TableRow]) -> torch.Tensor:

@@ -123,6 +123,11 @@ def drop_or_refuse_missing(
     return kept, len(rows) - len(kept)
 
 
+def missing_tally(rows: list[TableRow], used: list[str], tokens: frozenset[str]) -> dict[str, int]:
+    """Per column of ``used``, how many of ``rows`` have a missing cell there (before any row is dropped)."""
+    return {c: sum(is_missing(r.cells[c], tokens) for r in rows) for c in used}
+
+
 def number(row: TableRow, column: str) -> float:
     """A numeric cell's value.
 

@@ -285,6 +285,14 @@ class FederatedCallback(L.Callback):
         """
         return keys
 
+    def hides_updates(self) -> bool:
+        """Whether this callback hides each client's update from the server (secure aggregation).
+
+        The run's federated statistics are then summed securely too, unless ``federation.stats_secure`` says
+        otherwise (:mod:`fl_lightning.server.secure_statistics`).
+        """
+        return False
+
     # ------------------------------------------------------------------ payload helpers
     def put_payload(self, message: Task | Reply, payload: Any) -> None:
         """Attach this callback's payload to a task (server half) or a reply (client half)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # The data's shape, linked from ``data`` into the model's arguments of the same name (a model that does not take one
 # is left without it); left out of the saved config and of its comparison on resume.
@@ -97,6 +97,10 @@ class FederationConfig:
         stats_epsilon: ``mode: stats``: Gaussian noise added at each site so that its release is
             (ε, ``stats_delta``)-differentially private per sample (None: no noise).
         stats_delta: ``mode: stats``: the δ of ``stats_epsilon``.
+        stats_secure: ``mode: stats``: the sites mask their summaries so that the server learns only the pooled
+            sums (secure aggregation; small cells are then withheld from the pooled cells). None: when the run's
+            callbacks hide clients' updates (``SecureAggregation``). A site whose own config says true refuses to
+            answer in the clear.
 
     """
 
@@ -135,11 +139,15 @@ class FederationConfig:
     stats_bins: int = 16
     stats_epsilon: float | None = None
     stats_delta: float = 1e-5
+    stats_secure: bool | None = None
 
     def stats_rules(self) -> dict[str, Any]:
-        """The release rules of ``mode: stats`` (a stats task carries the server's; a site applies the stricter)."""
-        return {"min_count": self.stats_min_count, "bins": self.stats_bins, "epsilon": self.stats_epsilon,
-                "delta": self.stats_delta}  # fmt: skip
+        """The release rules of ``mode: stats`` (a stats task carries the server's; a site applies the stricter).
+
+        ``secure`` is ``stats_secure`` (None counts as false here: the server resolves it from the callbacks).
+        """
+        return {"secure": bool(self.stats_secure), "min_count": self.stats_min_count, "bins": self.stats_bins,
+                "epsilon": self.stats_epsilon, "delta": self.stats_delta}  # fmt: skip
 
     def __post_init__(self) -> None:
         checks = {

@@ -30,6 +30,7 @@ from fl_lightning.ops.rng import seeded_rng
 from fl_lightning.ops.state import StateDict, all_finite
 from fl_lightning.runtime import site_stats
 from fl_lightning.runtime.local_fit import LocalFitter
+from fl_lightning.runtime.secure_stats import SecureStatsSite
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import POOLED, Reply, Task
 
@@ -94,6 +95,7 @@ class ClientRuntime:
         self.personal: dict[str, dict[str, StateDict]] = {}
         self.fit_rounds: dict[str, dict[str, int]] = {}
         self.kept_round: dict[str, int] = {}  # client -> the round its KEPT states were copied in
+        self.secure_stats = SecureStatsSite()  # secure statistics' ephemeral keys (memory only, never checkpointed)
         self.subset_samplers: dict[tuple[str, str], SeededEpochSampler] = {}  # (group, client)
         self._by_key = {cb.state_key: cb for cb in self.callbacks}
         # client -> tasks that may have changed its state: a checkpoint rewrites a client only when this moved
@@ -391,6 +393,14 @@ class ClientRuntime:
         """The client's released summaries of its data (:func:`~fl_lightning.runtime.site_stats.site_statistics`)."""
         rules = site_stats.strictest(task.options, self.config.stats_rules())  # the site's own floor holds
         try:
+            if "phase" in task.options:  # a secure sum (fl_lightning.runtime.secure_stats)
+                metrics = self.secure_stats.answer(self.data, task.client_id, task.options, rules)
+                return Reply(task.client_id, task.group, metrics={**metrics, "rules": rules})
+            if rules["secure"]:
+                raise PreconditionError(
+                    f"client {task.client_id!r}'s site releases its statistics only in a secure sum (its own "
+                    "federation.stats_secure=true): run them with --federation.stats_secure=true"
+                )
             released = site_stats.site_statistics(self.data, task.client_id, rules)
         except Exception as err:  # one site's bad data must not stop the others' statistics: it is reported failed
             return Reply(task.client_id, task.group, error=f"{type(err).__name__}: {err}")

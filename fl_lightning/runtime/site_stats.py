@@ -2,29 +2,36 @@
 
 A ``stats`` task asks a client for summaries of its own data that the server can add up across sites: per split
 the sample count, the case count, the label counts, and for images the intensity histogram and per-channel sums of
-values and squares; for tables per-column sums and squares (pooled mean and std) and the site's own quartiles. The
+values and squares; for tables per-column sums and squares (pooled mean and std) and the site's own quartiles, and
+the site's rows read with the missing cells per used column, counted before ``missing: drop`` left rows out. The
 site applies the release rules before anything leaves it:
 
 - **min_count**: a split with fewer than ``min_count`` samples is withheld whole (only the fact is sent); a count
-  cell (a class, a histogram bin) with ``0 < count < min_count`` is withheld (``None``) — the small-cell rule of
-  disclosure control.
+  cell (a class, a histogram bin, a column's missing cells) with ``0 < count < min_count`` is withheld (``None``) —
+  the small-cell rule of disclosure control.
 - **noise** (``epsilon``): the Gaussian mechanism, at the site, on every released number of a split; one record is
-  in one split, so each split's vector is one mechanism (parallel composition: the release is (ε, δ)-DP per
-  record). Each group of numbers (n, cases, labels, histogram, sums, sums of squares) is scaled by its L2
-  sensitivity, computed from the data's shape (an image's pixels are in [0, 1]); table columns are unbounded, so
-  with noise their sums and quartiles are withheld. The noise is drawn from a generator seeded
-  by the operating system's entropy, never by the run's seed (which the server knows).
+  in one split, so each split's vector is one mechanism (parallel composition), joint with the missing cells' for a
+  table: the release is (ε, δ)-DP per record. Each group of numbers (n, cases, labels, histogram, sums, sums of
+  squares, rows read, missing cells) is scaled by its L2 sensitivity, computed from the data's shape (an image's
+  pixels are in [0, 1]); table columns are unbounded, so with noise their sums and quartiles are withheld. The
+  noise is drawn from a generator seeded by the operating system's entropy, never by the run's seed (which the
+  server knows).
+- **secure** (:func:`secure_parts`): the summaries go into one additive vector that the site masks for a secure
+  sum (:mod:`fl_lightning.ops.stats_vector`); the server sees the pooled sums only and applies the small-cell rule
+  to them.
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from fl_lightning.ops import stats_vector
+from fl_lightning.ops.disclosure import add_noise, release
+from fl_lightning.ops.stats_vector import MISSING
 from fl_lightning.wire.protocol import STATS_SPLITS
 
 QUANTILES = (0.25, 0.5, 0.75)
@@ -88,14 +95,19 @@ def sensitivities(summary: dict[str, Any], sample_kind: str) -> dict[str, float]
     return out
 
 
-def noise_stds(summary: dict[str, Any], sample_kind: str, z: float) -> dict[str, float]:
-    """The noise's std per group, σ_g = z·√k·Δ_g for k groups.
+def missing_sensitivities(missing: dict[str, Any]) -> dict[str, float]:
+    """A table's missing cells: one row changes the rows read by 1 and each column's count by at most 1 (L2 √F)."""
+    return {"rows": 1.0, "columns": math.sqrt(len(missing["columns"]))}
 
-    Each group scaled to sensitivity 1, the k groups' vector has L2 sensitivity √k, so one Gaussian mechanism of
-    noise z·√k on it (z: one release at (ε, δ)) is σ_g on group g.
+
+def noise_stds(groups: dict[str, float], z: float, joint: int) -> dict[str, float]:
+    """The noise's std per group, σ_g = z·√k·Δ_g (``groups``: g → Δ_g; k = ``joint``: the groups of a record).
+
+    Each group scaled to sensitivity 1, the vector of the k groups a record changes (its split's and, for a table
+    with missing cells, the rows read and missing counts) has L2 sensitivity √k, so one Gaussian mechanism of noise
+    z·√k on it (z: one release at (ε, δ)) is σ_g on group g.
     """
-    groups = sensitivities(summary, sample_kind)
-    return {g: z * math.sqrt(len(groups)) * d for g, d in groups.items()}
+    return {g: z * math.sqrt(joint) * d for g, d in groups.items()}
 
 
 def noise_multiplier(epsilon: float, delta: float) -> float:
@@ -108,46 +120,18 @@ def noise_multiplier(epsilon: float, delta: float) -> float:
                                           accountant="prv"))  # fmt: skip
 
 
-def _small(count: float | None, min_count: int) -> bool:
-    return count is not None and 0 < count < min_count
-
-
-def release(
-    summary: dict[str, Any], *, min_count: int, sigma: dict[str, float] | None, sample_kind: str
-) -> dict[str, Any]:
-    """A split's summary as the site sends it: noised (``sigma``: the noise's std per group), small cells withheld."""
-    out = dict(summary)
-    if sigma is not None:
-        gen = torch.Generator().manual_seed(secrets.randbits(63))
-        for key, std in sigma.items():
-            values = out[key] if isinstance(out[key], list) else [out[key]]
-            t = torch.tensor(values, dtype=torch.float64)
-            noisy = (t + std * torch.randn(t.shape, generator=gen, dtype=torch.float64)).tolist()
-            out[key] = noisy if isinstance(out[key], list) else noisy[0]
-        if sample_kind != "image":
-            out["sum"] = out["sumsq"] = out["quantiles"] = None  # unbounded columns: no noise scale, withheld
-            out["withheld_columns"] = "table columns are unbounded: with noise their sums and quartiles are withheld"
-        out["noise_std"] = dict(sigma)
-    if out["n"] < min_count:
-        return {"withheld": f"fewer than min_count={min_count} samples"}
-    if _small(out["cases"], min_count):
-        out["cases"] = None
-    for key in ("labels", "histogram"):
-        if out.get(key) is not None:
-            out[key] = [None if _small(c, min_count) else c for c in out[key]]
-    return out
-
-
 def strictest(asked: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     """The release rules a site applies: the stricter of the server's (``asked``) and its own config's.
 
     A larger ``min_count``, a smaller ``epsilon`` (``None``: no noise, the loosest) and ``delta``; the histogram's
-    ``bins`` are the server's (small cells are withheld by ``min_count`` whatever their number). A coordinator can
+    ``bins`` are the server's (small cells are withheld by ``min_count`` whatever their number); ``secure`` if
+    either asks (a site that asks for it refuses to answer in the clear). A coordinator can
     so not lower what a site releases below the floor of the site's own settings (its node config's ``fl-args``
     come after the run's overrides).
     """
     eps = [e for e in (asked.get("epsilon"), own.get("epsilon")) if e is not None]
     return {
+        "secure": bool(asked.get("secure")) or bool(own.get("secure")),
         "min_count": max(int(asked["min_count"]), int(own["min_count"])),
         "bins": int(asked["bins"]),
         "epsilon": min(map(float, eps)) if eps else None,
@@ -155,22 +139,114 @@ def strictest(asked: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Every split's released summary of one client (``options``: ``min_count``, ``bins``, ``epsilon``, ``delta``)."""
+def summaries(data: Any, client_id: str, bins: int) -> dict[str, dict[str, Any]]:
+    """Every non-empty split's exact summary of one client, in ``STATS_SPLITS`` order."""
     split = data.client_data(client_id)
     kind, label_kind = getattr(data, "sample_kind", "image"), getattr(data, "label_kind", "class")
-    min_count, bins = int(options["min_count"]), int(options["bins"])
-    epsilon = options.get("epsilon")
-    z = None if epsilon is None else noise_multiplier(float(epsilon), float(options["delta"]))
-    out: dict[str, Any] = {}
+    out = {}
     for name in STATS_SPLITS:
         x, y = getattr(split, f"{name}_x"), getattr(split, f"{name}_y")
         if y is None or len(y) == 0:
             continue
         cases = split.train_case if name == "train" else None
-        summary = split_summary(x, y, label_kind=label_kind, num_classes=data.num_classes, sample_kind=kind,
-                                bins=bins, cases=cases)  # fmt: skip
-        summary["mask"] = label_kind == "class" and y.ndim > 1
-        sigma = None if z is None else noise_stds(summary, kind, z)
-        out[name] = release(summary, min_count=min_count, sigma=sigma, sample_kind=kind)
+        out[name] = split_summary(x, y, label_kind=label_kind, num_classes=data.num_classes, sample_kind=kind,
+                                  bins=bins, cases=cases)  # fmt: skip
+        out[name]["mask"] = label_kind == "class" and y.ndim > 1
+    return out
+
+
+def missing_summary(data: Any, client_id: str) -> dict[str, Any] | None:
+    """A table's rows read and missing cells per used column (``names``, ``columns``), or None (no such data)."""
+    cells = data.missing_cells(client_id) if hasattr(data, "missing_cells") else None
+    if cells is None:
+        return None
+    return {"rows": int(cells["rows"]), "names": list(cells["columns"]), "columns": list(cells["columns"].values())}
+
+
+def noise_for(
+    exact: dict[str, dict[str, Any]], missing: dict[str, Any] | None, kind: str, options: dict[str, Any]
+) -> tuple[dict[str, dict[str, float] | None], dict[str, float] | None]:
+    """``(σ per split, σ of the missing cells)`` of the release rules ``options`` (Nones without ``epsilon``)."""
+    if options.get("epsilon") is None:
+        return {name: None for name in exact}, None
+    z = noise_multiplier(float(options["epsilon"]), float(options["delta"]))
+    extra = 0 if missing is None else len(missing_sensitivities(missing))
+    splits = {}
+    for name, summary in exact.items():
+        groups = sensitivities(summary, kind)
+        splits[name] = noise_stds(groups, z, len(groups) + extra)
+    if missing is None:
+        return splits, None
+    groups = missing_sensitivities(missing)
+    most = max((len(sensitivities(v, kind)) for v in exact.values()), default=0)  # a dropped row is in no split
+    return splits, noise_stds(groups, z, len(groups) + most)
+
+
+def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Every split's released summary of one client, and a table's missing cells (``missing``).
+
+    ``options``: ``min_count``, ``bins``, ``epsilon``, ``delta``.
+    """
+    kind, min_count = getattr(data, "sample_kind", "image"), int(options["min_count"])
+    exact, missing = summaries(data, client_id, int(options["bins"])), missing_summary(data, client_id)
+    sigmas, missing_sigma = noise_for(exact, missing, kind, options)
+    out: dict[str, Any] = {
+        name: release(summary, min_count=min_count, sigma=sigmas[name], sample_kind=kind)
+        for name, summary in exact.items()
+    }
+    if missing is not None:
+        out[MISSING] = release(missing, min_count=min_count, sigma=missing_sigma, sample_kind=kind, size_key="rows")
+    return out
+
+
+def secure_parts(data: Any, client_id: str, options: dict[str, Any]) -> tuple[list[list[Any]], Tensor, dict[str, Any]]:
+    """One client's statistics for a secure sum: ``(layout, vector, flags)``.
+
+    The same rules as :func:`site_statistics` except the small-cell rule, which the server applies to the pooled
+    cells (one site's cells never reach it): a split under ``min_count`` enters as zeros and is flagged withheld,
+    noise is added at the site as before, and quartiles are not sent (they do not add up). ``flags`` (in the clear)
+    say per section whether it was released, whether it has case ids and whether its sums were withheld.
+    """
+    kind, min_count = getattr(data, "sample_kind", "image"), int(options["min_count"])
+    exact, missing = summaries(data, client_id, int(options["bins"])), missing_summary(data, client_id)
+    template = summaries_template(data, exact, int(options["bins"]))
+    spec = stats_vector.layout(template, None if missing is None else missing["names"])
+    sigmas, missing_sigma = noise_for(exact, missing, kind, options)
+    parts: dict[str, dict[str, Any] | None] = {}
+    flags: dict[str, Any] = {}
+    for name in template:
+        summary = exact.get(name)
+        if summary is None or summary["n"] < min_count:
+            parts[name] = None
+            flags[name] = {"released": False, "why": "none" if summary is None else f"fewer than {min_count}"}
+            continue
+        sigma = sigmas[name]
+        parts[name] = summary if sigma is None else add_noise(summary, sigma, kind)
+        flags[name] = {"released": True, "cases": summary["cases"] is not None,
+                       "sums": parts[name]["sum"] is not None}  # fmt: skip
+    if missing is not None:
+        released = missing["rows"] >= min_count
+        noisy = missing if missing_sigma is None else add_noise(missing, missing_sigma, kind)
+        parts[MISSING] = noisy if released else None
+        flags[MISSING] = {"released": released, "names": missing["names"]}
+    return spec, stats_vector.flatten(spec, parts), flags
+
+
+def summaries_template(data: Any, exact: dict[str, dict[str, Any]], bins: int) -> dict[str, dict[str, Any]]:
+    """Every split's layout source, also for splits this client lacks.
+
+    Its shapes are the data's, the same on every site (classes, bins, channels or features).
+    """
+    first = next(iter(exact.values()), None)
+    if first is None:
+        raise ValueError("the client has no sample in any split")
+    survival = getattr(data, "label_kind", "class") == "survival"
+    width = len(first["sum"])
+    out = {}
+    for name in STATS_SPLITS:
+        out[name] = {
+            "labels": [0] * (2 if survival else int(data.num_classes)),
+            "histogram": None if first.get("histogram") is None else [0] * bins,
+            "sum": [0.0] * width, "sumsq": [0.0] * width,
+        }  # fmt: skip
     return out

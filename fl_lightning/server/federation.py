@@ -28,7 +28,7 @@ from fl_lightning.outputs.report import RoundReporter
 from fl_lightning.outputs.round_record import RoundRecord
 from fl_lightning.outputs.run_dir import RunDirectory, json_safe
 from fl_lightning.outputs.tracking import RoundTracker
-from fl_lightning.server import cross_site, statistics, weights_file
+from fl_lightning.server import cross_site, secure_statistics, statistics, weights_file
 from fl_lightning.server.core import Server
 from fl_lightning.server.cyclic import train_cycle
 from fl_lightning.server.directory import ClientDirectory
@@ -202,10 +202,19 @@ class Federation(Server):
         self.transport.start(self.run_dir.path)
         try:
             opts = cfg.stats_rules()
-            released, failed, stricter = statistics.collect(self.transport, list(self.data.client_ids), opts)
-            if not released:
-                raise RuntimeError(f"no client answered the statistics task: {failed}")
-            rep = statistics.report(released, failed, opts, stricter)
+            if cfg.stats_secure is None:  # as the run's training: secure when a callback hides the clients' updates
+                opts["secure"] = any(cb.hides_updates() for cb in self.callbacks)
+            clients = list(self.data.client_ids)
+            if opts["secure"]:
+                pooled, flags, failed, stricter = secure_statistics.collect_secure(
+                    self.transport, clients, opts, session=f"{self.run_dir.path.name}/stats"
+                )
+                rep = secure_statistics.pooled_report(pooled, flags, failed, opts, stricter)
+            else:
+                released, failed, stricter = statistics.collect(self.transport, clients, opts)
+                if not released:
+                    raise RuntimeError(f"no client answered the statistics task: {failed}")
+                rep = statistics.report(released, failed, opts, stricter)
             self.run_dir.write_json("stats.json", rep)
             if cfg.plots:
                 statistics.plot(rep, self.run_dir.path / "stats.png")

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from fl_lightning.ops.stats_vector import MISSING
 from fl_lightning.wire import protocol
 from fl_lightning.wire.protocol import STATS_SPLITS, Task
 
@@ -23,8 +24,11 @@ from fl_lightning.wire.protocol import STATS_SPLITS, Task
 def collect(
     transport: Any, client_ids: list[str], opts: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-    """Every client's released summaries ``{client: {split: summary}}``, the failed ones ``{client: why}`` and
-    the rules of the sites that applied stricter ones than ``opts`` (their own floor) ``{client: rules}``."""
+    """Every client's released summaries ``{client: {split: summary}}``, the failed ones, the stricter ones.
+
+    The failed ones ``{client: why}``; the rules of the sites that applied stricter ones than ``opts`` (their own
+    floor) ``{client: rules}``.
+    """
     tasks = [Task(protocol.STATS, 0, cid, options=opts) for cid in client_ids]
     released, failed, stricter = {}, {}, {}
     for cid, reply in zip(client_ids, transport.stream(tasks)):
@@ -77,18 +81,44 @@ def derive(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def derive_missing(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A table's missing cells over ``summaries`` (one site's or every site's).
+
+    Rows read, and per used column its missing cells and their share of the rows; withheld summaries and cells
+    are skipped and counted.
+    """
+    shown = [s for s in summaries if "withheld" not in s]
+    out: dict[str, Any] = {"sites": len(shown), "sites_withheld": len(summaries) - len(shown)}
+    if not shown:
+        return out
+    rows = sum(s["rows"] for s in shown)
+    counts, cells = None, 0
+    for s in shown:
+        counts, k = _add(counts, s["columns"])
+        cells += k
+    out.update(rows=rows, columns=shown[0]["names"], missing=counts, cells_withheld=cells)
+    out["share"] = [None if c is None or rows <= 0 else c / rows for c in counts]
+    return out
+
+
 def report(
     released: dict[str, Any], failed: dict[str, str], opts: dict[str, Any], stricter: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """``stats.json``'s content: the release rules (and the sites' stricter ones), per site its released summaries
-    and statistics, pooled ones."""
-    sites = {cid: {"released": rel, "statistics": {k: derive([v]) for k, v in rel.items()}}
+    """``stats.json``'s content: the release rules, per site its released summaries and statistics, pooled ones.
+
+    The sites' stricter rules are under ``site_rules``.
+    """
+
+    def one(key: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return derive_missing(parts) if key == MISSING else derive(parts)
+
+    sites = {cid: {"released": rel, "statistics": {k: one(k, [v]) for k, v in rel.items()}}
              for cid, rel in released.items()}  # fmt: skip
     pooled = {}
-    for split in STATS_SPLITS:
-        parts = [rel[split] for rel in released.values() if split in rel]
+    for key in (*STATS_SPLITS, MISSING):
+        parts = [rel[key] for rel in released.values() if key in rel]
         if parts:
-            pooled[split] = derive(parts)
+            pooled[key] = one(key, parts)
     return {"rules": opts, "site_rules": dict(stricter or {}), "sites": sites, "pooled": pooled, "failed": failed}
 
 
@@ -109,18 +139,28 @@ def table_text(rep: dict[str, Any]) -> str:
         counts = []
         for split in STATS_SPLITS:
             s = stats.get(split)
-            counts.append("—" if s is None else ("withheld" if "n" not in s else _count(s["n"])))
+            masked = rep.get("secure") and name != "pooled"
+            counts.append("masked" if masked else "—" if s is None else "withheld" if "n" not in s else _count(s["n"]))
         train = stats.get("train", {})
-        prevalence = " ".join(_fmt(p, 2) for p in train.get("prevalence", [])) or "withheld"
+        hidden = "masked" if rep.get("secure") and name != "pooled" else "withheld"
+        prevalence = " ".join(_fmt(p, 2) for p in train.get("prevalence", [])) or hidden
         mean = train.get("mean")
         spread = "—" if mean is None else f"{_fmt(sum(mean) / len(mean))} ± {_fmt(sum(train['std']) / len(mean))}"
         lines.append(f"{name:8s} | {counts[0]:5s} | {counts[1]:5s} | {counts[2]:5s} | {_count(train.get('cases')):5s} "
                      f"| {prevalence:25s} | {spread}")  # fmt: skip
+    for name, stats in rows:
+        missing = stats.get(MISSING)
+        if missing and "rows" in missing:
+            cells = ", ".join(f"{c} {_count(k)}" for c, k in zip(missing["columns"], missing["missing"]) if k != 0)
+            lines.append(f"{name:8s} | {_count(missing['rows'])} rows read; missing cells: {cells or 'none'}")
     for cid, why in rep["failed"].items():
         lines.append(f"{cid:8s} | failed: {why}")
     rules = rep["rules"]
     noise = "no noise" if rules["epsilon"] is None else f"Gaussian noise, ε={rules['epsilon']}, δ={rules['delta']}"
     lines.append(f"(min_count={rules['min_count']}: smaller splits and cells withheld; {noise})")
+    if rep.get("secure"):
+        lines.append(f"(secure sum over {', '.join(rep['secure']['sites'])}: the server saw the pooled sums only; "
+                     "small cells withheld from the pooled cells)")  # fmt: skip
     for cid, own in rep.get("site_rules", {}).items():
         lines.append(f"({cid} applied its own stricter rules: min_count={own['min_count']}, ε={own['epsilon']})")
     return "\n".join(lines)

@@ -87,10 +87,13 @@ def evaluate_args(out: Path, weights: Path) -> list[str]:
             f"--federation.output_dir={out}", "--federation.run_name=evaluate"]  # fmt: skip
 
 
-def stats_args(out: Path) -> list[str]:
-    """Federated statistics (mode stats): every rank's clients answer their stats tasks."""
+STATS_RUNS = {"stats": [], "stats-secure": ["--federation.stats_secure=true"]}
+
+
+def stats_args(out: Path, name: str = "stats") -> list[str]:
+    """Federated statistics (mode stats): every rank's clients answer their stats tasks (in a secure sum too)."""
     return [*TOPOLOGY_BASE, "--federation.mode=stats", "--federation.stats_min_count=3", *QUIET,
-            f"--federation.output_dir={out}", "--federation.run_name=stats"]  # fmt: skip
+            f"--federation.output_dir={out}", f"--federation.run_name={name}", *STATS_RUNS[name]]  # fmt: skip
 
 
 def dp_args(out: Path, name: str, run_name: str, *extra: str) -> list[str]:
@@ -129,14 +132,15 @@ def runs(tmp_path_factory):
     main(resume_args(one, "select", *SELECT_ARGS))
     for name in TOPOLOGY_RUNS:
         main(topology_args(one, name))
-    main(stats_args(one))
+    for name in STATS_RUNS:
+        main(stats_args(one, name))
     weights = root / "cyclic-round-2.ckpt"
     weights.write_bytes(checkpoint_path(one / "cyclic", 2).read_bytes())
     main(evaluate_args(one, weights))
     jobs = [run_args(name, two, QUIET) for name in RUNS]
     jobs += [topology_args(two, name) for name in TOPOLOGY_RUNS]
     jobs.append(evaluate_args(two, weights))
-    jobs.append(stats_args(two))
+    jobs += [stats_args(two, name) for name in STATS_RUNS]
     jobs.append(resume_args(two, "select", *SELECT_ARGS))
     jobs += [dp_args(two, name, name) for name in PRIVACY_RUNS]
     jobs.append(dp_args(root, "dpsgd_dropout", "dpsgd-one-two", "--federation.resume=last"))
@@ -158,10 +162,13 @@ def test_two_ranks_give_the_one_process_final_state_bit_for_bit(runs, name):
     assert two["summary"] == one["summary"]
 
 
-def test_federated_statistics_on_two_ranks_equal_one_process(runs):
-    one = json.loads((runs / "one" / "stats" / "stats.json").read_text())
-    assert json.loads((runs / "two" / "stats" / "stats.json").read_text()) == one
+@pytest.mark.parametrize("name", list(STATS_RUNS))
+def test_federated_statistics_on_two_ranks_equal_one_process(runs, name):
+    # A secure sum's masks are fresh on every run, yet they cancel exactly: the pooled sums are the same bits.
+    one = json.loads((runs / "one" / name / "stats.json").read_text())
+    assert json.loads((runs / "two" / name / "stats.json").read_text()) == one
     assert one["pooled"]["train"]["sites"] == len(one["sites"]) > 1
+    assert ("secure" in one) == (name == "stats-secure")
 
 
 @pytest.mark.parametrize("name", list(TOPOLOGY_RUNS))
@@ -219,7 +226,7 @@ def test_outputs_only_from_rank_zero_with_per_rank_throughput(runs):
     assert {"throughput/rank0/samples_per_s", "throughput/rank1/samples_per_s"} <= set(header)
     # none per rank
     assert sorted(p.name for p in (runs / "two").iterdir() if p.is_dir()) == sorted(
-        [*RUNS, *PRIVACY_RUNS, *TOPOLOGY_RUNS, "select", "evaluate", "stats"]
+        [*RUNS, *PRIVACY_RUNS, *TOPOLOGY_RUNS, *STATS_RUNS, "select", "evaluate"]
     )
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2
 

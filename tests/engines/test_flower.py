@@ -52,13 +52,18 @@ def inprocess(tmp_path: Path, config: str, extra: list[str]) -> Path:
     return tmp_path / "inproc" / "inproc"
 
 
-def deploy(d: Deployment, config: str, extra: list[str], sites: int = 2) -> Path:
+def deploy(d: Deployment, config: str, extra: list[str], sites: int = 2, done: str = "summary.json") -> Path:
     d.start_superlink()
     for i in range(sites):
         d.start_supernode(f"node{i}", f'fl-clients="site{i}" fl-state-dir="{d.workdir}/site{i}"')
-    overrides = " ".join([*extra, f"--federation.output_dir={d.workdir}/runs", "--federation.run_name=flower"])
-    run_dir = d.workdir / "runs" / "flower"
-    d.flwr_run(f'config="{config}" overrides="{overrides}" min-nodes={sites} poll=0.02', run_dir / "summary.json")
+    return submit(d, config, extra, "flower", sites, done)
+
+
+def submit(d: Deployment, config: str, extra: list[str], name: str, sites: int = 2, done: str = "summary.json") -> Path:
+    """Run ``config`` on the deployment's SuperNodes as run ``name``; its run directory once ``done`` is written."""
+    overrides = " ".join([*extra, f"--federation.output_dir={d.workdir}/runs", f"--federation.run_name={name}"])
+    run_dir = d.workdir / "runs" / name
+    d.flwr_run(f'config="{config}" overrides="{overrides}" min-nodes={sites} poll=0.02', run_dir / done)
     return run_dir
 
 
@@ -153,6 +158,27 @@ def test_mode_evaluate_over_a_deployment_scores_the_weights_as_in_process(deploy
     assert site["weights"] == local["weights"] == str(weights)
     assert site["clients"] == local["clients"] and site["summary"] == local["summary"]
     assert "pooled" not in site and "pooled" in local
+
+
+@pytest.mark.slow  # the logic: test_stats.py and test_secure_stats.py in process, test_distributed.py on ranks
+def test_federated_statistics_over_a_deployment_equal_in_process_in_the_clear_and_securely(
+    deployment: Deployment, tmp_path: Path
+):
+    """``python -m fl_lightning.stats`` on Flower sites: the clear release and the secure sum (fresh keys on each
+    SuperNode, masks that cancel) give the in-process statistics."""
+    config = "configs/fedavg_digits.yaml"
+    extra = [*TINY, "--federation.mode=stats", "--federation.stats_min_count=3"]
+    clear = json.loads((deploy(deployment, config, extra, done="stats.json") / "stats.json").read_text())
+    secure_extra = [*extra, "--federation.stats_secure=true"]
+    secure_dir = submit(deployment, config, secure_extra, "secure", done="stats.json")
+    secure = json.loads((secure_dir / "stats.json").read_text())
+    local = json.loads((inprocess(tmp_path, config, extra) / "stats.json").read_text())
+    assert clear["sites"] == local["sites"] and clear["pooled"] == local["pooled"]
+    local_secure = json.loads((inprocess(tmp_path / "s", config, secure_extra) / "stats.json").read_text())
+    assert secure["pooled"] == local_secure["pooled"] and secure["secure"] == local_secure["secure"]
+    # the clear pool lacks each site's cells under min_count; the secure one has them all (and withholds its own)
+    assert secure["pooled"]["train"]["n"] == clear["pooled"]["train"]["n"]
+    assert sum(secure["pooled"]["train"]["labels"]) == secure["pooled"]["train"]["n"]
 
 
 def test_the_round_chosen_on_validation_over_a_deployment_equals_inprocess(deployment: Deployment, tmp_path: Path):

@@ -140,10 +140,12 @@ def test_the_command_prints_the_table_and_writes_stats_json(tmp_path, capsys):
 
 
 def test_a_site_applies_the_stricter_of_the_servers_rules_and_its_own():
-    server = {"min_count": 3, "bins": 16, "epsilon": None, "delta": 1e-5}
+    server = {"secure": False, "min_count": 3, "bins": 16, "epsilon": None, "delta": 1e-5}
     assert site_stats.strictest(server, server) == server
-    own = {"min_count": 20, "bins": 4, "epsilon": 2.0, "delta": 1e-6}
-    assert site_stats.strictest(server, own) == {"min_count": 20, "bins": 16, "epsilon": 2.0, "delta": 1e-6}
+    own = {"secure": True, "min_count": 20, "bins": 4, "epsilon": 2.0, "delta": 1e-6}
+    assert site_stats.strictest(server, own) == {"secure": True, "min_count": 20, "bins": 16, "epsilon": 2.0,
+                                                 "delta": 1e-6}  # fmt: skip
+    assert site_stats.strictest({**server, "secure": True}, {**own, "secure": False})["secure"]
     assert site_stats.strictest({**server, "epsilon": 0.5}, own)["epsilon"] == 0.5  # the smaller ε wins
     assert site_stats.strictest({**server, "min_count": 50}, own)["min_count"] == 50
 
