@@ -60,11 +60,9 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
                "--federation.monitor=val/personal/acc_mean"]  # fmt: skip
 
 
-# Cyclic weight transfer (one model passed from rank to rank), FedPer's private heads, APFL's and FedALA's personal
-# models, a
-# local run's cross-site
-# matrix (every model to every
-# rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
+# Cyclic weight transfer (one model passed from rank to rank), the private heads of FedPer and FedRep and LG-FedAvg's
+# private bodies, the personal models of Ditto, MR-MTL, APFL and FedALA, a local run's cross-site matrix (every
+# model to every rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
 TOPOLOGY_RUNS = {
     "cyclic": ["--federation.topology=cyclic"],
     "local_cross": ["--federation.mode=local"],
@@ -73,6 +71,10 @@ TOPOLOGY_RUNS = {
     "apfl": ["--trainer.callbacks+=callbacks.APFL", "--federation.client_fraction=0.67"],
     # each client's own model and aggregation weights on its rank; the adaptation's sample seeded by client and round
     "fedala": ["--trainer.callbacks+=callbacks.FedALA", "--federation.client_fraction=0.67"],
+    "ditto": ["--trainer.callbacks+=callbacks.Ditto", "--federation.client_fraction=0.67"],
+    "mr_mtl": ["--trainer.callbacks+=callbacks.MRMTL", "--federation.client_fraction=0.67"],
+    "fedrep": ["--trainer.callbacks+=callbacks.FedRep"],
+    "lg_fedavg": ["--trainer.callbacks+=callbacks.LGFedAvg"],
 }
 TOPOLOGY_BASE = ["--config", str(REPO / "configs/fedavg_digits.yaml"), *PRIVACY_SMALL]
 
