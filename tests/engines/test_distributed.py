@@ -61,7 +61,7 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
 
 
 # Cyclic weight transfer (one model passed from rank to rank), the private heads of FedPer and FedRep and LG-FedAvg's
-# private bodies, the personal models of Ditto, MR-MTL, APFL and FedALA, a local run's cross-site matrix (every
+# private bodies, FedBABU's fine-tuning, the personal models of Ditto, MR-MTL, APFL and FedALA, a local run's cross-site matrix (every
 # model to every rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
 TOPOLOGY_RUNS = {
     "cyclic": ["--federation.topology=cyclic"],
@@ -75,6 +75,8 @@ TOPOLOGY_RUNS = {
     "mr_mtl": ["--trainer.callbacks+=callbacks.MRMTL", "--federation.client_fraction=0.67"],
     "fedrep": ["--trainer.callbacks+=callbacks.FedRep"],
     "lg_fedavg": ["--trainer.callbacks+=callbacks.LGFedAvg"],
+    # the head frozen at its shared initialisation, then each rank's clients fine-tuned at the end
+    "fedbabu": ["--trainer.callbacks+=callbacks.FedBABU", "--trainer.callbacks+=callbacks.LocalFineTuning"],
 }
 TOPOLOGY_BASE = ["--config", str(REPO / "configs/fedavg_digits.yaml"), *PRIVACY_SMALL]
 
