@@ -61,8 +61,9 @@ SELECT_ARGS = ["--data.val_fraction=0.25", "--federation.select=best", "--federa
 
 
 # Cyclic weight transfer (one model passed from rank to rank), the private heads of FedPer and FedRep and LG-FedAvg's
-# private bodies, FedBABU's fine-tuning, the personal models of Ditto, MR-MTL, APFL and FedALA, a local run's cross-site matrix (every
-# model to every rank's clients) and mode evaluate (a saved model scored on every rank's clients): as in one process.
+# private bodies, FedBABU's fine-tuning, the personal models of Ditto, MR-MTL, APFL and FedALA, a local run's
+# cross-site matrix (every model to every rank's clients) and mode evaluate (a saved model scored on every rank's
+# clients): as in one process.
 TOPOLOGY_RUNS = {
     "cyclic": ["--federation.topology=cyclic"],
     "local_cross": ["--federation.mode=local"],
