@@ -343,13 +343,6 @@ class FederatedDataModule(L.LightningDataModule):
         """
         return len(self.client_data(client_id).val_y)
 
-    def missing_cells(self, client_id: str) -> dict[str, Any] | None:
-        """A client's rows read and missing cells per column, before any row was dropped (federated statistics).
-
-        ``{"rows": n, "columns": {name: count}}``; None where the data have no missing values (images).
-        """
-        return None
-
     @property
     def has_validation(self) -> bool:
         """Whether any client has a validation sample (``val_fraction`` > 0 or an official split)."""

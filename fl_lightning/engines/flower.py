@@ -52,6 +52,7 @@ from flwr.serverapp import Grid, ServerApp
 from typing_extensions import override
 
 from fl_lightning.engines import flower_secagg as secaggplus
+from fl_lightning.engines.flower_claims import claim_conflicts, client_order
 from fl_lightning.engines.flower_site import SiteSettings, site_for
 from fl_lightning.engines.flower_wire import (
     DESCRIBE,
@@ -191,7 +192,7 @@ class FlowerTransport(Transport):
                 if desc[key] != first[key]:
                     raise ValueError(f"the sites disagree on {key}: {desc[key]} vs {first[key]}")
             clients.update(desc["clients"])
-        ordered = dict(sorted(clients.items(), key=lambda kv: _client_order(kv[0])))
+        ordered = dict(sorted(clients.items(), key=lambda kv: client_order(kv[0])))
         return {**{k: first[k] for k in SHARED_KEYS}, "clients": ordered}
 
     # ------------------------------------------------------------------ messages
@@ -402,42 +403,6 @@ def _reply_of(task: Task, node: int, data: bytes) -> Reply:
     if reply.client_id != task.client_id:
         raise protocol.MessageError(f"SuperNode {node} answered a task of {task.client_id!r} for {reply.client_id!r}")
     return reply
-
-
-def claim_conflicts(live: dict[int, dict[str, Any]], new: dict[int, dict[str, Any]]) -> dict[int, str]:
-    """The newly described nodes to refuse, with why: each client id lives on one site.
-
-    A new node claiming a client that a connected, described node already hosts is refused (the run goes on with
-    the first); two new nodes claiming one client are both refused (nobody can tell which is right). A restarted
-    site comes back under a new node id after its old one failed a task and lost its description, so it is not
-    refused.
-
-    Args:
-        live: The described nodes that are still connected, ``{node: description}``.
-        new: The nodes described just now, ``{node: description}``.
-
-    """
-    owners: dict[str, list[int]] = {}
-    for node, desc in [*live.items(), *new.items()]:
-        for cid in desc["clients"]:
-            owners.setdefault(cid, []).append(node)
-    why: dict[int, str] = {}
-    for cid, nodes in owners.items():
-        if len(nodes) < 2:
-            continue
-        named = " and ".join(f"SuperNode {n}" for n in nodes)
-        message = (
-            f"client {cid!r} is claimed by {named}; each client id must live on one site: fix fl-clients in the "
-            "node config of the wrong one and restart it"
-        )
-        for node in nodes:
-            if node in new:  # a live node keeps its clients
-                why.setdefault(node, message)
-    return why
-
-
-def _client_order(client_id: str) -> tuple[int, Any]:
-    return (0, int(client_id)) if client_id.isdigit() else (1, client_id)
 
 
 def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:

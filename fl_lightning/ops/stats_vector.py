@@ -21,22 +21,18 @@ MISSING = "missing"  # the section of a table's missing cells (rows read, missin
 STATS_BITS = 16  # fraction bits of the fixed point: 2^-17 per entry and site, sums up to 2^47 / sites
 
 
-def split_layout(summary: dict[str, Any]) -> list[tuple[str, int]]:
-    """``(key, length)`` of a split's additive entries (``cases`` always: 0 where a site has no case ids)."""
-    out = [("n", 1), ("cases", 1), ("labels", len(summary["labels"]))]
-    if summary.get("histogram") is not None:
-        out.append(("histogram", len(summary["histogram"])))
-    out += [("sum", len(summary["sum"])), ("sumsq", len(summary["sumsq"])), ("values", 1)]
-    return out
+def layout(
+    splits: tuple[str, ...], labels: int, bins: int | None, width: int, missing_columns: list[str] | None
+) -> list[list[Any]]:
+    """The vector's layout: ``[section, key, length]`` rows, fixed by the data's shapes (the same on every site).
 
-
-def layout(splits: dict[str, dict[str, Any]], missing_columns: list[str] | None) -> list[list[Any]]:
-    """The vector's layout: ``[section, key, length]`` rows.
-
-    Every split in ``splits`` (a summary each, in their order), then ``[missing, rows, 1]`` and
-    ``[missing, columns, F]`` for a table's F used columns.
+    Per split of ``splits``: n, cases (0 where a site has no case ids), ``labels`` label counts, the histogram's
+    ``bins`` (images; None for tables), sums and sums of squares of ``width`` channels or columns, the values; then
+    ``[missing, rows, 1]`` and ``[missing, columns, F]`` for a table's F used columns.
     """
-    out = [[name, key, length] for name, summary in splits.items() for key, length in split_layout(summary)]
+    per_split = [("n", 1), ("cases", 1), ("labels", labels), *([("histogram", bins)] if bins is not None else []),
+                 ("sum", width), ("sumsq", width), ("values", 1)]  # fmt: skip
+    out = [[name, key, length] for name in splits for key, length in per_split]
     if missing_columns is not None:
         out += [[MISSING, "rows", 1], [MISSING, "columns", len(missing_columns)]]
     return out

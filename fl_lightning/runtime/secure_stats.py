@@ -50,7 +50,7 @@ class SecureStatsSite:
         if phase == "keys":
             self._keys[client_id] = secagg.generate_private_key()
             self._masked.pop(client_id, None)
-            spec, _, _ = site_stats.secure_parts(data, client_id, rules)
+            spec = site_stats.secure_layout(data, client_id, int(rules["bins"]))  # no statistic computed yet
             return {"public_key": secagg.public_key(self._keys[client_id]).hex(), "layout": spec}
         if phase == "sum":
             return self._sum(data, client_id, options, rules)
@@ -93,10 +93,10 @@ class SecureStatsSite:
         if bad:
             raise ValueError(f"client {client_id!r} refuses to re-mask its statistics: {'; '.join(bad)}")
         assert masked is not None
-        session = masked[0]
+        session, size = masked[0], masked[2]
+        retry = secagg.retry_session(session, set(before) - set(after))
         correction = secagg.mask_correction(
-            client_id, self._private(client_id), before, after, masked[2],
-            (session, secagg.retry_session(session, set(before) - set(after))), 0, GROUP,
-        )  # fmt: skip
-        self._masked[client_id] = (secagg.retry_session(session, set(before) - set(after)), sorted(after), masked[2])
+            client_id, self._private(client_id), before, after, size, (session, retry), 0, GROUP
+        )
+        self._masked[client_id] = (retry, sorted(after), size)
         return {"correction": torch.from_numpy(correction.view(np.int64).copy())}

@@ -156,7 +156,11 @@ def summaries(data: Any, client_id: str, bins: int) -> dict[str, dict[str, Any]]
 
 
 def missing_summary(data: Any, client_id: str) -> dict[str, Any] | None:
-    """A table's rows read and missing cells per used column (``names``, ``columns``), or None (no such data)."""
+    """A table's rows read and missing cells per used column (``names``, ``columns``), or None.
+
+    None for data without missing values: only a datamodule that reads them has ``missing_cells``
+    (:meth:`datamodules.ClinicalTableFederated.missing_cells`).
+    """
     cells = data.missing_cells(client_id) if hasattr(data, "missing_cells") else None
     if cells is None:
         return None
@@ -170,16 +174,14 @@ def noise_for(
     if options.get("epsilon") is None:
         return {name: None for name in exact}, None
     z = noise_multiplier(float(options["epsilon"]), float(options["delta"]))
-    extra = 0 if missing is None else len(missing_sensitivities(missing))
-    splits = {}
-    for name, summary in exact.items():
-        groups = sensitivities(summary, kind)
-        splits[name] = noise_stds(groups, z, len(groups) + extra)
-    if missing is None:
+    of_splits = {name: sensitivities(summary, kind) for name, summary in exact.items()}
+    of_missing = None if missing is None else missing_sensitivities(missing)
+    extra = 0 if of_missing is None else len(of_missing)
+    splits = {name: noise_stds(groups, z, len(groups) + extra) for name, groups in of_splits.items()}
+    if of_missing is None:
         return splits, None
-    groups = missing_sensitivities(missing)
-    most = max((len(sensitivities(v, kind)) for v in exact.values()), default=0)  # a dropped row is in no split
-    return splits, noise_stds(groups, z, len(groups) + most)
+    most = max(map(len, of_splits.values()), default=0)  # a dropped row is in no split
+    return splits, noise_stds(of_missing, z, len(of_missing) + most)
 
 
 def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -199,6 +201,16 @@ def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[
     return out
 
 
+def secure_layout(data: Any, client_id: str, bins: int) -> list[list[Any]]:
+    """The layout of a client's secure-sum vector (:func:`fl_lightning.ops.stats_vector.layout`), from its shapes."""
+    x = data.client_data(client_id).train_x
+    missing = missing_summary(data, client_id)
+    image = getattr(data, "sample_kind", "image") == "image"
+    labels = 2 if getattr(data, "label_kind", "class") == "survival" else int(data.num_classes)
+    return stats_vector.layout(STATS_SPLITS, labels, bins if image else None, int(x.shape[1]),
+                               None if missing is None else missing["names"])  # fmt: skip
+
+
 def secure_parts(data: Any, client_id: str, options: dict[str, Any]) -> tuple[list[list[Any]], Tensor, dict[str, Any]]:
     """One client's statistics for a secure sum: ``(layout, vector, flags)``.
 
@@ -209,12 +221,11 @@ def secure_parts(data: Any, client_id: str, options: dict[str, Any]) -> tuple[li
     """
     kind, min_count = getattr(data, "sample_kind", "image"), int(options["min_count"])
     exact, missing = summaries(data, client_id, int(options["bins"])), missing_summary(data, client_id)
-    template = summaries_template(data, exact, int(options["bins"]))
-    spec = stats_vector.layout(template, None if missing is None else missing["names"])
+    spec = secure_layout(data, client_id, int(options["bins"]))
     sigmas, missing_sigma = noise_for(exact, missing, kind, options)
     parts: dict[str, dict[str, Any] | None] = {}
     flags: dict[str, Any] = {}
-    for name in template:
+    for name in STATS_SPLITS:
         summary = exact.get(name)
         if summary is None or summary["n"] < min_count:
             parts[name] = None
@@ -230,23 +241,3 @@ def secure_parts(data: Any, client_id: str, options: dict[str, Any]) -> tuple[li
         parts[MISSING] = noisy if released else None
         flags[MISSING] = {"released": released, "names": missing["names"]}
     return spec, stats_vector.flatten(spec, parts), flags
-
-
-def summaries_template(data: Any, exact: dict[str, dict[str, Any]], bins: int) -> dict[str, dict[str, Any]]:
-    """Every split's layout source, also for splits this client lacks.
-
-    Its shapes are the data's, the same on every site (classes, bins, channels or features).
-    """
-    first = next(iter(exact.values()), None)
-    if first is None:
-        raise ValueError("the client has no sample in any split")
-    survival = getattr(data, "label_kind", "class") == "survival"
-    width = len(first["sum"])
-    out = {}
-    for name in STATS_SPLITS:
-        out[name] = {
-            "labels": [0] * (2 if survival else int(data.num_classes)),
-            "histogram": None if first.get("histogram") is None else [0] * bins,
-            "sum": [0.0] * width, "sumsq": [0.0] * width,
-        }  # fmt: skip
-    return out
