@@ -68,7 +68,8 @@ class FederationConfig:
         quiet: Print nothing at all (no bar, run directory, round lines or final table); warnings still go
             to stderr. Wins over ``progress``.
         plots: Write ``partition.png`` and ``sites.png`` (example images per client) at the start and
-            ``curves.png`` (plus ``node_matrix.png`` in peer-to-peer runs) at the end into the run directory.
+            ``curves.png`` (plus ``node_matrix.png`` in peer-to-peer runs and ``cross_site.png`` with cross-site
+            evaluation) at the end into the run directory; ``false`` writes no figure at all.
         checkpoint_every: Write a round checkpoint (``checkpoints/round-NNNNN.ckpt`` in the run directory)
             every this many rounds and after the last round (0 = never; such a run cannot be resumed).
         keep_checkpoints: How many of the newest round checkpoints to keep (0 = keep all).

@@ -2,6 +2,7 @@
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,9 @@ from tests.fl_lightning import hook_counter
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
 TINY = ["--trainer.logger=false", "--federation.rounds=2", "--federation.progress=false", "--federation.eval_every=1"]
+# The figures are drawn in each config's in-process run only: they are most of a tiny run's time, and the other runs
+# are compared by their states, metrics and summaries.
+NO_PLOTS = ["--federation.plots=false"]
 # The embedded data's sizes; a recipe for data on disk gets its own (the files the test writes and a tiny net).
 TINY_DATA = ["--data.max_samples_per_client=30", "--data.image_size=8", "--model.width=4"]
 TINY_DENSENET = {"model": {"init_args": {"net": {"class_path": "monai.networks.nets.DenseNet", "init_args": {
@@ -82,21 +86,51 @@ def tiny_args(config: Path, out: Path, run_name: str) -> list[str]:
             f"--federation.run_name={run_name}"]  # fmt: skip
 
 
+@dataclass
+class InProcessRun:
+    """One config's two-round run through ``train.py``'s main in process, a user's callback riding along."""
+
+    out: Path  # the folder of the run and of the data files the test wrote for it
+    summary: dict
+    fits: list  # what the user's callback saw (hook_counter.FITS)
+
+    @property
+    def run(self) -> Path:
+        return self.out / "inprocess"
+
+
+@pytest.fixture(scope="module")
+def inprocess_runs(tmp_path_factory):
+    """Each config's :class:`InProcessRun`, made once for the two tests below (whichever asks first)."""
+    made: dict[Path, InProcessRun] = {}
+
+    def get(config: Path) -> InProcessRun:
+        if config not in made:
+            out = tmp_path_factory.mktemp(config.stem)
+            hook_counter.FITS.clear()
+            user_callback = ["--trainer.callbacks+=tests.fl_lightning.hook_counter.HookCounter"]
+            summary = main([*tiny_args(config, out, "inprocess"), *user_callback])
+            made[config] = InProcessRun(out, summary, list(hook_counter.FITS))
+        return made[config]
+
+    return get
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_config_runs_and_both_transports_agree(config, tmp_path):
+def test_config_runs_and_both_transports_agree(config, inprocess_runs):
     """Two rounds through train.py's main, in process and serialized: bit-identical states, same metrics and summary.
 
     In process, a user's own callback (:mod:`tests.fl_lightning.hook_counter`) rides along: every client's training is
     one ``trainer.fit`` whose hooks run as Lightning documents them, and the user's callback changes nothing.
     """
-    summaries = {}
-    hook_counter.FITS.clear()
-    user_callback = ["--trainer.callbacks+=tests.fl_lightning.hook_counter.HookCounter"]
-    summaries["inprocess"] = main([*tiny_args(config, tmp_path, "inprocess"), *user_callback])
-    hook_counter.check_fits(hook_counter.FITS)
+    done = inprocess_runs(config)
+    tmp_path, summaries = done.out, {"inprocess": done.summary}
+    hook_counter.check_fits(done.fits)
     # one fit per trained client and round: at least one in each of the two rounds
-    assert 2 <= len(hook_counter.FITS)
-    summaries["serialized"] = main([*tiny_args(config, tmp_path, "serialized"), "--federation.transport=serialized"])
+    assert 2 <= len(done.fits)
+    summaries["serialized"] = main(
+        [*tiny_args(config, tmp_path, "serialized"), *NO_PLOTS, "--federation.transport=serialized"]
+    )
     run = tmp_path / "inprocess"
     summary = summaries["inprocess"]
     assert json.loads((run / "summary.json").read_text()) == summary
@@ -111,6 +145,8 @@ def test_config_runs_and_both_transports_agree(config, tmp_path):
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert len(rows) == 2 * len(summary["clients"]) and {r["client"] for r in rows} == set(summary["clients"])
     stats = next(iter(summary["summary"].values()))[model_primary_metric(resolved) or "acc"]
+    assert (run / "partition.png").is_file() and (run / "curves.png").is_file()  # the figures of the default run
+    assert not any((tmp_path / "serialized").glob("*.png"))  # and none where they were switched off
     assert 0.0 <= stats["worst"] <= stats["mean"] <= 1.0 and stats["std"] >= 0
     # the serialized transport: only messages crossed, and nothing changed
     other = tmp_path / "serialized"
@@ -140,20 +176,20 @@ def stop_after_round_1(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_config_resumes_with_its_saved_config_to_the_uninterrupted_state(config, tmp_path, monkeypatch):
+def test_config_resumes_with_its_saved_config_to_the_uninterrupted_state(config, inprocess_runs, monkeypatch):
     """Stopped after round 1 and resumed with the command a refused resume suggests (``--config <run>/config.yaml``).
 
     The process is not killed (a fresh interpreter per config would cost minutes; ``test_resume.py`` resumes after
     a real SIGKILL); what this checks is that every shipped config's saved settings are accepted on resume and
     continue to the uninterrupted run's state. Failed before for the configs with a callback argument left at None
-    (fedadam: ``initial_accumulator``; FedER: ``lpips_weights``, ``generators_from``).
+    (fedadam: ``initial_accumulator``; FedER: ``lpips_weights``, ``generators_from``). The uninterrupted run is the
+    config's in-process run above (the user's callback it carries changes nothing: the serialized run equals it).
     """
-    main(tiny_args(config, tmp_path, "uninterrupted"))
-    stop_after_round_1(tiny_args(config, tmp_path, "stopped"), monkeypatch)
-    run = tmp_path / "stopped"
+    uninterrupted = inprocess_runs(config)
+    out = uninterrupted.out  # the same data files as the uninterrupted run
+    stop_after_round_1([*tiny_args(config, out, "stopped"), *NO_PLOTS], monkeypatch)
+    run = out / "stopped"
     resumed = main(["--config", str(run / "config.yaml"), "--federation.run_name=stopped", "--federation.resume=last"])
-    assert describe(run)["sha256"] == describe(tmp_path / "uninterrupted")["sha256"]
-    assert metrics_without_timings(run / "metrics.csv") == metrics_without_timings(
-        tmp_path / "uninterrupted" / "metrics.csv"
-    )
-    assert resumed["summary"] == json.loads((tmp_path / "uninterrupted" / "summary.json").read_text())["summary"]
+    assert describe(run)["sha256"] == describe(uninterrupted.run)["sha256"]
+    assert metrics_without_timings(run / "metrics.csv") == metrics_without_timings(uninterrupted.run / "metrics.csv")
+    assert resumed["summary"] == json.loads((uninterrupted.run / "summary.json").read_text())["summary"]

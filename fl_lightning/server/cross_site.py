@@ -63,8 +63,13 @@ def cross_site_matrix(
     return matrix
 
 
-def write_cross_site(matrix: dict[str, dict[str, dict[str, float]]], run_path: Path, metric: str, round_: int) -> None:
-    """``cross_site.csv`` (one row per model, test set and metric) and ``cross_site.png`` (the ``metric`` heat map)."""
+def write_cross_site(
+    matrix: dict[str, dict[str, dict[str, float]]], run_path: Path, metric: str, round_: int, plot: bool = True
+) -> None:
+    """``cross_site.csv`` (one row per model, test set and metric) and, with ``plot``, ``cross_site.png``.
+
+    The figure is the ``metric`` heat map; ``federation.plots=false`` leaves it out, as every other figure.
+    """
     with (run_path / CROSS_SITE_CSV).open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["round", "model", "test", "metric", "value"])
@@ -72,7 +77,8 @@ def write_cross_site(matrix: dict[str, dict[str, dict[str, float]]], run_path: P
             for target, metrics in row.items():
                 for name, value in sorted(metrics.items()):
                     writer.writerow([round_, holder, target, name, value])
-    plot_node_matrix(matrix, run_path / CROSS_SITE_PNG, metric, who="client")
+    if plot:
+        plot_node_matrix(matrix, run_path / CROSS_SITE_PNG, metric, who="client")
 
 
 def read_cross_site(path: Path) -> dict[str, dict[str, dict[str, float]]]:

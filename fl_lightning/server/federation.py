@@ -228,8 +228,8 @@ class Federation(Server):
     def run_cross_site(self) -> dict[str, Any]:
         """Every client's own model on every client's test set and pooled (:mod:`.cross_site`).
 
-        Written as ``cross_site.csv`` and ``cross_site.png``; the models the run reports (the chosen round's, with
-        ``select: best``).
+        Written as ``cross_site.csv`` and (``federation.plots``) ``cross_site.png``; the models the run reports (the
+        chosen round's, with ``select: best``).
         """
         chosen = self.choice.chosen_round if self.choice is not None else None
         best = self.choice.best_groups if self.choice is not None else None
@@ -240,7 +240,9 @@ class Federation(Server):
         matrix = cross_site.cross_site_matrix(
             self.transport, models, ids, self.round, "test", self.module if pooled else None
         )
-        cross_site.write_cross_site(matrix, self.run_dir.path, self.module.primary_metric, round_)
+        cross_site.write_cross_site(
+            matrix, self.run_dir.path, self.module.primary_metric, round_, plot=self.config.plots
+        )
         return matrix
 
     def _open_run_dir(self) -> str | None:

@@ -21,7 +21,7 @@ def _close(got, expected):
 
 
 def test_local_cross_site_equals_each_local_model_scored_by_hand(tmp_path):
-    fed = build_federation(tmp_path, rounds=2, mode="local")
+    fed = build_federation(tmp_path, rounds=2, mode="local", plots=True)
     fed.run()
     matrix = read_cross_site(fed.run_dir.path / "cross_site.csv")
     data = tiny_data()
@@ -46,6 +46,7 @@ def test_local_cross_site_equals_each_local_model_scored_by_hand(tmp_path):
 def test_pooled_column_is_the_model_on_all_test_sets_together(tmp_path):
     fed = build_federation(tmp_path, rounds=1, mode="local")
     fed.run()
+    assert not (fed.run_dir.path / "cross_site.png").exists()  # federation.plots=false: the table, no figure
     matrix = read_cross_site(fed.run_dir.path / "cross_site.csv")
     data = tiny_data()
     n = {c: data.num_test_samples(c) for c in data.client_ids}
