@@ -203,8 +203,12 @@ def site_statistics(data: Any, client_id: str, options: dict[str, Any]) -> dict[
 
 def secure_layout(data: Any, client_id: str, bins: int) -> list[list[Any]]:
     """The layout of a client's secure-sum vector (:func:`fl_lightning.ops.stats_vector.layout`), from its shapes."""
+    return _layout(data, client_id, bins, missing_summary(data, client_id))
+
+
+def _layout(data: Any, client_id: str, bins: int, missing: dict[str, Any] | None) -> list[list[Any]]:
+    """:func:`secure_layout` with the client's :func:`missing_summary` already at hand."""
     x = data.client_data(client_id).train_x
-    missing = missing_summary(data, client_id)
     image = getattr(data, "sample_kind", "image") == "image"
     labels = 2 if getattr(data, "label_kind", "class") == "survival" else int(data.num_classes)
     return stats_vector.layout(STATS_SPLITS, labels, bins if image else None, int(x.shape[1]),
@@ -221,7 +225,7 @@ def secure_parts(data: Any, client_id: str, options: dict[str, Any]) -> tuple[li
     """
     kind, min_count = getattr(data, "sample_kind", "image"), int(options["min_count"])
     exact, missing = summaries(data, client_id, int(options["bins"])), missing_summary(data, client_id)
-    spec = secure_layout(data, client_id, int(options["bins"]))
+    spec = _layout(data, client_id, int(options["bins"]), missing)
     sigmas, missing_sigma = noise_for(exact, missing, kind, options)
     parts: dict[str, dict[str, Any] | None] = {}
     flags: dict[str, Any] = {}

@@ -23,22 +23,8 @@ import torch
 from fl_lightning.ops import secagg, stats_vector
 from fl_lightning.ops.disclosure import release
 from fl_lightning.ops.stats_vector import MISSING, STATS_BITS
-from fl_lightning.server.statistics import derive, derive_missing
-from fl_lightning.wire import protocol
-from fl_lightning.wire.protocol import STATS_SPLITS, Task
-
-
-def _ask(transport: Any, clients: list[str], options: dict[str, Any], failed: dict[str, str]) -> dict[str, Any]:
-    """The metrics of every client that answered one phase; the others are added to ``failed``."""
-    tasks = [Task(protocol.STATS, 0, cid, options=options) for cid in clients]
-    out = {}
-    for cid, reply in zip(clients, transport.stream(tasks)):
-        if reply.error is not None:
-            warnings.warn(f"client {cid!r} failed and is left out of the statistics: {reply.error}", stacklevel=3)
-            failed[cid] = reply.error
-        else:
-            out[cid] = reply.metrics
-    return out
+from fl_lightning.server.statistics import ask, derive, derive_missing
+from fl_lightning.wire.protocol import STATS_SPLITS
 
 
 def _need_two(clients: list[str], failed: dict[str, str], phase: str) -> None:
@@ -64,7 +50,7 @@ def collect_secure(
         RuntimeError: If fewer than two clients remain in a phase.
     """
     failed: dict[str, str] = {}
-    keyed = _ask(transport, client_ids, {**opts, "phase": "keys"}, failed)
+    keyed = ask(transport, client_ids, {**opts, "phase": "keys"}, failed)
     spec = next(iter(keyed.values()), {}).get("layout")
     for cid, m in list(keyed.items()):  # every layout the first's (the same config), every key 32 bytes of hex
         if m.get("layout") != spec or not isinstance(m.get("public_key"), str) or len(m["public_key"]) != 64:
@@ -73,7 +59,7 @@ def collect_secure(
     _need_two(list(keyed), failed, "keys")
     size = stats_vector.layout_size(spec)
     peers = {cid: m["public_key"] for cid, m in keyed.items()}
-    sent = _ask(transport, list(keyed), {**opts, "phase": "sum", "peers": peers, "session": session,
+    sent = ask(transport, list(keyed), {**opts, "phase": "sum", "peers": peers, "session": session,
                                          "layout": spec}, failed)  # fmt: skip
     for cid, m in list(sent.items()):
         if not _int64_vector(m.get("masked"), size) or not isinstance(m.get("flags"), dict):
@@ -86,7 +72,7 @@ def collect_secure(
         warnings.warn(f"secure statistics: {sorted(set(keyed) - set(sent))} sent no upload; the masks of the "
                       f"{len(survivors)} that did are drawn again over them", stacklevel=2)  # fmt: skip
         after = {c: peers[c] for c in survivors}
-        answers = _ask(transport, survivors, {**opts, "phase": "remask", "before": peers, "after": after,
+        answers = ask(transport, survivors, {**opts, "phase": "remask", "before": peers, "after": after,
                                               "session": session}, failed)  # fmt: skip
         corrections = [a.get("correction") for a in answers.values()]
         if set(answers) != set(survivors) or not all(_int64_vector(c, size) for c in corrections):

@@ -29,17 +29,27 @@ def collect(
     The failed ones ``{client: why}``; the rules of the sites that applied stricter ones than ``opts`` (their own
     floor) ``{client: rules}``.
     """
-    tasks = [Task(protocol.STATS, 0, cid, options=opts) for cid in client_ids]
-    released, failed, stricter = {}, {}, {}
+    failed: dict[str, str] = {}
+    answers = ask(transport, client_ids, opts, failed)
+    released = {cid: metrics["stats"] for cid, metrics in answers.items()}
+    stricter = {cid: m["rules"] for cid, m in answers.items() if m.get("rules", opts) != opts}
+    return released, failed, stricter
+
+
+def ask(transport: Any, client_ids: list[str], options: dict[str, Any], failed: dict[str, str]) -> dict[str, Any]:
+    """The reply metrics of every client that answered a ``stats`` task of ``options``; the others go to ``failed``.
+
+    A failed client is warned about and left out; the others still answer.
+    """
+    tasks = [Task(protocol.STATS, 0, cid, options=options) for cid in client_ids]
+    out = {}
     for cid, reply in zip(client_ids, transport.stream(tasks)):
         if reply.error is not None:
-            warnings.warn(f"client {cid!r} failed and is left out of the statistics: {reply.error}", stacklevel=2)
+            warnings.warn(f"client {cid!r} failed and is left out of the statistics: {reply.error}", stacklevel=3)
             failed[cid] = reply.error
-            continue
-        released[cid] = reply.metrics["stats"]
-        if reply.metrics.get("rules", opts) != opts:
-            stricter[cid] = reply.metrics["rules"]
-    return released, failed, stricter
+        else:
+            out[cid] = reply.metrics
+    return out
 
 
 def _add(total: list[float | None] | None, part: list[float | None]) -> tuple[list[float | None], int]:
@@ -136,14 +146,13 @@ def table_text(rep: dict[str, Any]) -> str:
              "---------|-------|-------|-------|-------|---------------------------|-----------------"]  # fmt: skip
     rows = [(cid, site["statistics"]) for cid, site in rep["sites"].items()] + [("pooled", rep["pooled"])]
     for name, stats in rows:
+        masked = bool(rep.get("secure")) and name != "pooled"  # a secure sum's sites show nothing of their own
         counts = []
         for split in STATS_SPLITS:
             s = stats.get(split)
-            masked = rep.get("secure") and name != "pooled"
             counts.append("masked" if masked else "—" if s is None else "withheld" if "n" not in s else _count(s["n"]))
         train = stats.get("train", {})
-        hidden = "masked" if rep.get("secure") and name != "pooled" else "withheld"
-        prevalence = " ".join(_fmt(p, 2) for p in train.get("prevalence", [])) or hidden
+        prevalence = " ".join(_fmt(p, 2) for p in train.get("prevalence", [])) or ("masked" if masked else "withheld")
         mean = train.get("mean")
         spread = "—" if mean is None else f"{_fmt(sum(mean) / len(mean))} ± {_fmt(sum(train['std']) / len(mean))}"
         lines.append(f"{name:8s} | {counts[0]:5s} | {counts[1]:5s} | {counts[2]:5s} | {_count(train.get('cases')):5s} "
